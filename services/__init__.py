@@ -1,0 +1,1 @@
+"""dhisparse services: kvstore, residency, decode and what they share."""

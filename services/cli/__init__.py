@@ -1,0 +1,1 @@
+"""The ``dhisparse`` command line."""

@@ -1,0 +1,1 @@
+"""Shared pieces of every service: config, logging, errors, server builder, metrics."""
