@@ -1,0 +1,354 @@
+"""The kvstore core: histories in shared-memory segments, owners, leases, capacity.
+
+Plain Python (no gRPC). Thread-safe: one lock around every operation, which are short
+(a bounded memcpy or one small manifest record rewrite). Every failing operation
+changes nothing; every successful change of what survives a crash (open, commit,
+close, expiry) is in the manifest before the method returns.
+
+A history ``(request_id, source_id)`` is ``num_rows`` rows of ``row_bytes`` bytes at
+offset 0 of its segment; ``backed`` is the set of committed rows (I1: ``H_r``).
+Committed rows are immutable through this API: writing into them is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
+from services.kvstore.keys import (
+    PREFIX_RE,
+    HistoryKey,
+    check_id,
+    check_key,
+    check_lease,
+    check_rows,
+    check_shape,
+)
+from services.kvstore.leases import LeaseTable
+from services.kvstore.manifest import HistoryRecord, Manifest
+from services.kvstore.ranges import RangeSet
+from services.kvstore.segments import Segment, segment_bytes, segment_name
+
+log = logging.getLogger(__name__)
+
+Ranges = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """What the core needs from ``KVStoreConfig`` (sizes already in bytes)."""
+
+    capacity: int
+    shm_dir: Path
+    prefix: str
+    manifest_dir: Path
+    default_lease_seconds: float = 60.0
+    max_lease_seconds: float = 3600.0
+    max_chunk_bytes: int = 4 << 20
+    preallocate: bool = True
+
+    def __post_init__(self) -> None:
+        if not PREFIX_RE.match(self.prefix) or len(self.prefix) > 64:
+            raise InvalidArgument(f"prefix={self.prefix!r}: expected 1..64 characters "
+                                  "from [A-Za-z0-9._-], not starting or ending with '-'")
+        if self.capacity <= 0 or self.max_chunk_bytes <= 0:
+            raise InvalidArgument(f"capacity={self.capacity} and max_chunk_bytes="
+                                  f"{self.max_chunk_bytes} must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryInfo:
+    """A snapshot of one history, as answered to callers."""
+
+    request_id: str
+    source_id: int
+    owner: str
+    row_bytes: int
+    num_rows: int
+    segment_path: str
+    segment_bytes: int
+    backed: Ranges
+    lease_expires: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    capacity_bytes: int
+    used_bytes: int
+    histories: int
+    lease_expiries_total: int
+    recovered_histories: int
+
+
+@dataclass(slots=True)
+class _History:
+    record: HistoryRecord
+    segment: Segment
+    backed: RangeSet
+
+    def info(self, lease_expires: float) -> HistoryInfo:
+        r = self.record
+        return HistoryInfo(r.request_id, r.source_id, r.owner, r.row_bytes, r.num_rows,
+                           str(self.segment.path), r.segment_bytes, tuple(self.backed),
+                           lease_expires)
+
+
+class KVStore:
+    """All histories of one store ``prefix``; recovers the manifest on construction."""
+
+    def __init__(self, options: StoreOptions, clock: Callable[[], float] = time.time) -> None:
+        self.options = options
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._histories: dict[HistoryKey, _History] = {}
+        self._leases = LeaseTable()
+        self._used = 0
+        self._expiries = 0
+        self._manifest = Manifest(options.manifest_dir)
+        self._segment_re = re.compile(rf"^{re.escape(options.prefix)}-[0-9a-f]{{32}}$")
+        self._recovered = self._recover()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def open(self, request_id: str, source_id: int, owner: str, row_bytes: int,
+             num_rows: int, lease_seconds: float = 0.0, attach: bool = False
+             ) -> tuple[HistoryInfo, bool]:
+        """Create a history (or, with ``attach``, re-attach the owner's identical one).
+
+        Returns ``(info, created)``. Raises ``AlreadyExists`` for a duplicate (or a
+        re-attach with another shape), ``PermissionDenied`` for another owner's
+        history, ``ResourceExhausted`` when ``capacity`` cannot hold it.
+        """
+        key = check_key(request_id, source_id)
+        check_id("owner", owner)
+        o = self.options
+        check_shape(row_bytes, num_rows, o.max_chunk_bytes)
+        lease = check_lease(lease_seconds, o.default_lease_seconds, o.max_lease_seconds)
+        with self._lock:
+            if (h := self._histories.get(key)) is not None:
+                return self._reattach(h, key, owner, row_bytes, num_rows, lease, attach), False
+            size = segment_bytes(row_bytes, num_rows)
+            if self._used + size > o.capacity:
+                raise ResourceExhausted(
+                    f"history {request_id}/{source_id} needs {size} bytes; "
+                    f"{o.capacity - self._used} of capacity={o.capacity} are free")
+            name = segment_name(o.prefix, request_id, source_id)
+            deadline = self._clock() + lease
+            seg = Segment.create(o.shm_dir / name, size, o.preallocate)
+            record = HistoryRecord(request_id, source_id, owner, row_bytes, num_rows,
+                                   name, size, deadline)
+            try:
+                self._manifest.save(record)
+            except BaseException:
+                seg.destroy()
+                raise
+            h = _History(record, seg, RangeSet())
+            self._histories[key] = h
+            self._leases.renew(key, deadline)
+            self._used += size
+            return h.info(deadline), True
+
+    def _reattach(self, h: _History, key: HistoryKey, owner: str, row_bytes: int,
+                  num_rows: int, lease: float, attach: bool) -> HistoryInfo:
+        r = h.record
+        if not attach:
+            raise AlreadyExists(f"history {key[0]}/{key[1]} is open already "
+                                "(set attach to re-attach it)")
+        if r.owner != owner:
+            raise PermissionDenied(f"history {key[0]}/{key[1]} belongs to another owner, "
+                                   f"not owner={owner!r}")
+        if (r.row_bytes, r.num_rows) != (row_bytes, num_rows):
+            raise AlreadyExists(
+                f"history {key[0]}/{key[1]} exists with row_bytes={r.row_bytes}, "
+                f"num_rows={r.num_rows}; asked for row_bytes={row_bytes}, num_rows={num_rows}")
+        deadline = max(self._leases.deadline(key), self._clock() + lease)
+        self._leases.renew(key, deadline)
+        return h.info(deadline)
+
+    def close_history(self, request_id: str, source_id: int, owner: str) -> int:
+        """Free a history; returns the bytes freed."""
+        with self._lock:
+            key, _ = self._owned(request_id, source_id, owner)
+            return self._free(key)
+
+    def _free(self, key: HistoryKey) -> int:
+        h = self._histories[key]
+        self._manifest.remove(h.record.segment)  # first: a crash leaves only an orphan
+        del self._histories[key]
+        self._leases.drop(key)
+        h.segment.destroy()
+        self._used -= h.record.segment_bytes
+        return h.record.segment_bytes
+
+    # -- rows ------------------------------------------------------------------------
+
+    def write(self, request_id: str, source_id: int, owner: str, start_row: int,
+              data: bytes | memoryview) -> tuple[int, int]:
+        """Copy whole rows into ``start_row ..``; returns the ``[start, stop)`` written.
+
+        Refuses chunks over ``max_chunk_bytes``, partial rows, ranges outside the
+        history and rows that are committed already (they are immutable).
+        """
+        n = len(data)
+        if n > self.options.max_chunk_bytes:
+            raise InvalidArgument(f"chunk of {n} bytes exceeds "
+                                  f"max_chunk_bytes={self.options.max_chunk_bytes}")
+        with self._lock:
+            _, h = self._owned(request_id, source_id, owner)
+            rb, nr = h.record.row_bytes, h.record.num_rows
+            if n == 0 or n % rb:
+                raise InvalidArgument(f"chunk of {n} bytes is not a positive whole number "
+                                      f"of rows of row_bytes={rb}")
+            stop = start_row + n // rb
+            check_rows(start_row, stop, nr, "write")
+            if h.backed.intersects(start_row, stop):
+                raise FailedPrecondition(f"write [{start_row}, {stop}) overlaps committed "
+                                         f"rows {list(h.backed)}; committed rows are immutable")
+            h.segment.write(start_row * rb, data)
+            return start_row, stop
+
+    def read(self, request_id: str, source_id: int, start: int, stop: int,
+             require_backed: bool = False) -> bytes:
+        """A copy of rows ``[start, stop)`` (any owner may read)."""
+        with self._lock:
+            h = self._get(check_key(request_id, source_id))
+            check_rows(start, stop, h.record.num_rows, "read")
+            if require_backed and not h.backed.covers(start, stop):
+                raise FailedPrecondition(f"rows [{start}, {stop}) are not all committed; "
+                                         f"committed: {list(h.backed)}")
+            rb = h.record.row_bytes
+            return h.segment.read(start * rb, (stop - start) * rb)
+
+    def commit(self, request_id: str, source_id: int, owner: str,
+               ranges: list[tuple[int, int]]) -> Ranges:
+        """Mark ``ranges`` backed, durably; returns every backed range afterwards."""
+        with self._lock:
+            _, h = self._owned(request_id, source_id, owner)
+            if not ranges:
+                raise InvalidArgument("ranges is empty; commit at least one row range")
+            backed = h.backed.copy()
+            for start, stop in ranges:
+                check_rows(start, stop, h.record.num_rows, "commit")
+                backed.add(start, stop)
+            if backed != h.backed:
+                h.record.backed = [list(r) for r in backed]
+                try:
+                    self._manifest.save(h.record)
+                except BaseException:
+                    h.record.backed = [list(r) for r in h.backed]
+                    raise
+                h.backed = backed
+            return tuple(backed)
+
+    # -- leases ----------------------------------------------------------------------
+
+    def renew(self, owner: str, keys: list[HistoryKey] | None = None,
+              lease_seconds: float = 0.0) -> tuple[int, float]:
+        """Extend the leases of ``keys`` (None or empty: all of ``owner``'s histories).
+
+        All or nothing: an unknown key or another owner's history changes no lease.
+        Returns ``(renewed, deadline)``.
+        """
+        check_id("owner", owner)
+        o = self.options
+        lease = check_lease(lease_seconds, o.default_lease_seconds, o.max_lease_seconds)
+        with self._lock:
+            if keys:
+                chosen = [self._owned(rid, sid, owner)[0] for rid, sid in keys]
+            else:
+                chosen = [k for k, h in self._histories.items() if h.record.owner == owner]
+            deadline = self._clock() + lease
+            for key in chosen:
+                self._leases.renew(key, max(deadline, self._leases.deadline(key)))
+            return len(chosen), deadline
+
+    def expire(self) -> list[HistoryKey]:
+        """Free every history whose lease ran out; returns their keys."""
+        with self._lock:
+            due = self._leases.pop_expired(self._clock())
+            for key in due:
+                log.warning("lease of history %s/%s expired; freeing it", *key)
+                self._free(key)  # type: ignore[arg-type]
+            self._expiries += len(due)
+            return due  # type: ignore[return-value]
+
+    # -- queries ---------------------------------------------------------------------
+
+    def info(self, request_id: str, source_id: int) -> HistoryInfo:
+        with self._lock:
+            key = check_key(request_id, source_id)
+            return self._get(key).info(self._leases.deadline(key))
+
+    def histories(self, owner: str | None = None) -> list[HistoryInfo]:
+        with self._lock:
+            return [h.info(self._leases.deadline(k)) for k, h in self._histories.items()
+                    if owner is None or h.record.owner == owner]
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            return StoreStats(self.options.capacity, self._used, len(self._histories),
+                              self._expiries, self._recovered)
+
+    def shutdown(self) -> None:
+        """Unmap every segment, keeping files and manifest for the next start."""
+        with self._lock:
+            for h in self._histories.values():
+                h.segment.close()
+            self._histories.clear()
+
+    # -- internals -------------------------------------------------------------------
+
+    def _get(self, key: HistoryKey) -> _History:
+        h = self._histories.get(key)
+        if h is None:
+            raise NotFound(f"unknown history request_id={key[0]!r} source_id={key[1]}")
+        return h
+
+    def _owned(self, request_id: str, source_id: int, owner: str
+               ) -> tuple[HistoryKey, _History]:
+        key = check_key(request_id, source_id)
+        check_id("owner", owner)
+        h = self._get(key)
+        if h.record.owner != owner:
+            raise PermissionDenied(f"history {request_id}/{source_id} belongs to another "
+                                   f"owner, not owner={owner!r}")
+        return key, h
+
+    def _recover(self) -> int:
+        """Re-attach every history of the manifest; delete orphan segments."""
+        o = self.options
+        floor = self._clock() + o.default_lease_seconds  # clients could not renew while down
+        for r in self._manifest.load():
+            key = (r.request_id, r.source_id)
+            try:
+                if r.segment != segment_name(o.prefix, r.request_id, r.source_id):
+                    raise ValueError(f"segment name {r.segment!r} does not match its key")
+                seg = Segment.attach(o.shm_dir / r.segment, r.segment_bytes)
+            except (OSError, ValueError) as e:
+                log.error("cannot re-attach history %s/%s: %s; dropping it", *key, e)
+                self._manifest.remove(r.segment)
+                continue
+            self._histories[key] = _History(r, seg, RangeSet(map(tuple, r.backed)))
+            self._leases.renew(key, max(r.lease_expires, floor))
+            self._used += r.segment_bytes
+        live = {h.record.segment for h in self._histories.values()}
+        for path in o.shm_dir.iterdir():
+            if self._segment_re.match(path.name) and path.name not in live:
+                log.warning("deleting orphan segment %s", path)
+                path.unlink(missing_ok=True)
+        if self._used > o.capacity:
+            log.warning("recovered %d bytes exceed capacity=%d", self._used, o.capacity)
+        return len(self._histories)
