@@ -64,42 +64,50 @@ class HistoryInfo(_message.Message):
     def __init__(self, key: _Optional[_Union[HistoryKey, _Mapping]] = ..., owner: _Optional[str] = ..., row_bytes: _Optional[int] = ..., num_rows: _Optional[int] = ..., segment_name: _Optional[str] = ..., segment_path: _Optional[str] = ..., segment_offset: _Optional[int] = ..., backed_rows: _Optional[int] = ..., backed: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ..., lease_expires_unix: _Optional[float] = ...) -> None: ...
 
 class OpenHistoryResponse(_message.Message):
-    __slots__ = ("history", "attached")
+    __slots__ = ("history", "attached", "max_chunk_bytes")
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     history: HistoryInfo
     attached: bool
-    def __init__(self, history: _Optional[_Union[HistoryInfo, _Mapping]] = ..., attached: _Optional[bool] = ...) -> None: ...
+    max_chunk_bytes: int
+    def __init__(self, history: _Optional[_Union[HistoryInfo, _Mapping]] = ..., attached: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class WriteRowsChunk(_message.Message):
-    __slots__ = ("key", "owner", "first_row", "data")
+    __slots__ = ("key", "owner", "first_row", "data", "commit")
     KEY_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     FIRST_ROW_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
     key: HistoryKey
     owner: str
     first_row: int
     data: bytes
-    def __init__(self, key: _Optional[_Union[HistoryKey, _Mapping]] = ..., owner: _Optional[str] = ..., first_row: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    commit: bool
+    def __init__(self, key: _Optional[_Union[HistoryKey, _Mapping]] = ..., owner: _Optional[str] = ..., first_row: _Optional[int] = ..., data: _Optional[bytes] = ..., commit: _Optional[bool] = ...) -> None: ...
 
 class WriteRowsResponse(_message.Message):
-    __slots__ = ("rows_written", "bytes_written")
+    __slots__ = ("rows_written", "bytes_written", "backed")
     ROWS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    BACKED_FIELD_NUMBER: _ClassVar[int]
     rows_written: int
     bytes_written: int
-    def __init__(self, rows_written: _Optional[int] = ..., bytes_written: _Optional[int] = ...) -> None: ...
+    backed: _containers.RepeatedCompositeFieldContainer[RowRange]
+    def __init__(self, rows_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., backed: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ...) -> None: ...
 
 class ReadRowsRequest(_message.Message):
-    __slots__ = ("key", "range", "max_chunk_bytes")
+    __slots__ = ("key", "range", "max_chunk_bytes", "require_backed")
     KEY_FIELD_NUMBER: _ClassVar[int]
     RANGE_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_BACKED_FIELD_NUMBER: _ClassVar[int]
     key: HistoryKey
     range: RowRange
     max_chunk_bytes: int
-    def __init__(self, key: _Optional[_Union[HistoryKey, _Mapping]] = ..., range: _Optional[_Union[RowRange, _Mapping]] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+    require_backed: bool
+    def __init__(self, key: _Optional[_Union[HistoryKey, _Mapping]] = ..., range: _Optional[_Union[RowRange, _Mapping]] = ..., max_chunk_bytes: _Optional[int] = ..., require_backed: _Optional[bool] = ...) -> None: ...
 
 class ReadRowsChunk(_message.Message):
     __slots__ = ("first_row", "data")
