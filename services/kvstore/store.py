@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,6 +231,24 @@ class KVStore:
                                          f"committed: {list(h.backed)}")
             rb = h.record.row_bytes
             return h.segment.read(start * rb, (stop - start) * rb)
+
+    def read_chunks(self, request_id: str, source_id: int, start: int, stop: int,
+                    max_chunk_bytes: int = 0, require_backed: bool = False
+                    ) -> Iterator[tuple[int, bytes]]:
+        """Validate a read of ``[start, stop)`` now; return an iterator of ``(first_row, bytes)``
+        chunks of at most ``max_chunk_bytes`` (0 or larger: the store's limit; at least
+        one row each). Each chunk is read when the iterator reaches it."""
+        limit = self.options.max_chunk_bytes
+        limit = min(max_chunk_bytes, limit) if max_chunk_bytes > 0 else limit
+        with self._lock:
+            h = self._get(check_key(request_id, source_id))
+            check_rows(start, stop, h.record.num_rows, "read")
+            if require_backed and not h.backed.covers(start, stop):
+                raise FailedPrecondition(f"rows [{start}, {stop}) are not all committed; "
+                                         f"committed: {list(h.backed)}")
+            step = max(1, limit // h.record.row_bytes)
+        return ((a, self.read(request_id, source_id, a, min(a + step, stop)))
+                for a in range(start, stop, step))
 
     def commit(self, request_id: str, source_id: int, owner: str,
                ranges: list[tuple[int, int]]) -> Ranges:
