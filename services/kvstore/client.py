@@ -1,0 +1,216 @@
+"""Same-node client: maps history segments and implements ``services.common.backing``.
+
+::
+
+    client = KVStoreClient("127.0.0.1:50051", owner="decode-0")     # HostBackingProvider
+    h = client.open("req-7", source_id=0, row_bytes=656, num_rows=100_000)
+    h.write(0, rows)          # memcpy into the shared mapping (no RPC)
+    h.commit(0, len(rows))    # CommitRows: durable in the store's manifest on return
+    h.rows()[idx]             # zero-copy uint8 [num_rows, row_bytes] view
+    client.close("req-7", 0)  # CloseHistory + unmap
+
+Reads and writes touch only the mapping, so they keep working while the store is down
+(kill -9): only ``commit``/``open``/``close`` need it (they raise ``Unavailable``). A
+daemon thread renews every lease of ``owner`` each ``lease_seconds / 3``. On a CUDA
+machine each mapping is registered with ``cudaHostRegister`` (mapped) and
+``device_rows()`` gives kernels a device view of the same host bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+
+import grpc
+import torch
+
+from services.common.errors import DHiSparseError, FailedPrecondition, InvalidArgument, NotFound
+from services.common.gen.dhisparse.v1 import kvstore_pb2 as pb
+from services.kvstore.rpc import KVStoreRPC, ranges_of
+
+log = logging.getLogger(__name__)
+
+
+class MappedHistory:
+    """One history mapped into this process (implements ``HostBacking``)."""
+
+    def __init__(self, rpc: KVStoreRPC, owner: str, info: pb.HistoryInfo,
+                 register_cuda: bool) -> None:
+        self.request_id, self.source_id = info.key.request_id, info.key.source_id
+        self._rpc, self._owner = rpc, owner
+        self._row_bytes, self._num_rows = info.row_bytes, info.num_rows
+        fd = os.open(info.segment_path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            self._map: mmap.mmap | None = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        n = info.row_bytes * info.num_rows
+        self._rows = torch.frombuffer(self._map, dtype=torch.uint8, count=n,
+                                      offset=info.segment_offset
+                                      ).view(info.num_rows, info.row_bytes)
+        self._mask = torch.zeros(info.num_rows, dtype=torch.bool)
+        self._set_backed(ranges_of(info.backed))
+        self._dev_ptr: int | None = None
+        if register_cuda:
+            from services.kvstore import cuda
+            self._dev_ptr = cuda.register(self._rows.data_ptr(), n)
+
+    # -- HostBacking -----------------------------------------------------------------
+
+    @property
+    def row_bytes(self) -> int:
+        return self._row_bytes
+
+    @property
+    def num_rows(self) -> int:
+        return self._num_rows
+
+    @property
+    def closed(self) -> bool:
+        return self._map is None
+
+    def rows(self) -> torch.Tensor:
+        self._check_open()
+        return self._rows
+
+    def backed_mask(self) -> torch.Tensor:
+        return self._mask
+
+    def write(self, start: int, data: torch.Tensor) -> None:
+        self._check_open()
+        if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] != self._row_bytes:
+            raise InvalidArgument(f"data must be uint8 [n, {self._row_bytes}], got "
+                                  f"{data.dtype} {list(data.shape)}")
+        stop = start + data.shape[0]
+        if not 0 <= start < stop <= self._num_rows:
+            raise InvalidArgument(f"write [{start}, {stop}) must be a non-empty range inside "
+                                  f"[0, {self._num_rows})")
+        if bool(self._mask[start:stop].any()):
+            raise FailedPrecondition(f"write [{start}, {stop}) overlaps committed rows; "
+                                     "committed rows are immutable")
+        self._rows[start:stop].copy_(data)
+
+    def commit(self, start: int, stop: int) -> None:
+        self.commit_ranges([(start, stop)])
+
+    def commit_ranges(self, ranges: list[tuple[int, int]]) -> None:
+        """Commit several ranges in one ``CommitRows`` (durable when it returns)."""
+        self._check_open()
+        self._set_backed(self._rpc.commit(self.request_id, self.source_id, self._owner, ranges))
+
+    def refresh(self) -> None:
+        """Reload the backed ranges from the store."""
+        resp = self._rpc.stats(request_id=self.request_id, include_histories=True)
+        for h in resp.history:
+            if h.key.source_id == self.source_id:
+                self._set_backed(ranges_of(h.backed))
+                return
+        raise NotFound(f"history {self.request_id}/{self.source_id} is gone from the store")
+
+    def device_rows(self) -> torch.Tensor:
+        """A CUDA ``uint8 [num_rows, row_bytes]`` view of the same host bytes (zero-copy)."""
+        self._check_open()
+        if self._dev_ptr is None:
+            raise FailedPrecondition("history is not registered with CUDA")
+        from services.kvstore import cuda
+        return cuda.device_view(self._dev_ptr, (self._num_rows, self._row_bytes), self)
+
+    def close(self) -> None:
+        """Unregister and unmap (idempotent). Views handed out keep their pages alive."""
+        if self._map is None:
+            return
+        if self._dev_ptr is not None:
+            from services.kvstore import cuda
+            cuda.unregister(self._rows.data_ptr())
+            self._dev_ptr = None
+        mapping, self._map = self._map, None
+        del self._rows
+        try:
+            mapping.close()
+        except BufferError:  # a caller still holds a view; unmapped when it is freed
+            pass
+
+    def _set_backed(self, ranges: tuple[tuple[int, int], ...]) -> None:
+        mask = torch.zeros(self._num_rows, dtype=torch.bool)
+        for a, b in ranges:
+            mask[a:b] = True
+        self._mask = mask
+
+    def _check_open(self) -> None:
+        if self._map is None:
+            raise FailedPrecondition(f"history {self.request_id}/{self.source_id} is closed")
+
+
+class KVStoreClient:
+    """A decode worker's view of its node's kvstore (implements ``HostBackingProvider``)."""
+
+    def __init__(self, target: str, owner: str, *, token: str | None = None,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 lease_seconds: float = 30.0, timeout: float = 10.0,
+                 register_cuda: bool | None = None, renew: bool = True) -> None:
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+        self.rpc = KVStoreRPC(target, token=token, credentials=credentials, timeout=timeout)
+        self._register_cuda = (torch.cuda.is_available() if register_cuda is None
+                               else register_cuda)
+        self._open: dict[tuple[str, int], MappedHistory] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        if renew:
+            self._renewer = threading.Thread(target=self._renew_forever, daemon=True,
+                                             name=f"kvstore-lease-{owner}")
+            self._renewer.start()
+
+    def open(self, request_id: str, source_id: int, row_bytes: int, num_rows: int
+             ) -> MappedHistory:
+        """Create or re-attach ``(request_id, source_id)`` and map it."""
+        key = (request_id, source_id)
+        with self._lock:
+            if (h := self._open.get(key)) is not None and not h.closed:
+                return h
+        resp = self.rpc.open(request_id, source_id, self.owner, row_bytes, num_rows,
+                             self.lease_seconds, attach=True)
+        h = MappedHistory(self.rpc, self.owner, resp.history, self._register_cuda)
+        with self._lock:
+            self._open[key] = h
+        return h
+
+    def close(self, request_id: str, source_id: int) -> None:
+        """Free the history in the store and unmap it here."""
+        self.rpc.close(request_id, source_id, self.owner)
+        with self._lock:
+            h = self._open.pop((request_id, source_id), None)
+        if h is not None:
+            h.close()
+
+    def renew(self) -> int:
+        """Renew every lease of ``owner`` now; returns how many histories it covered."""
+        return self.rpc.renew(self.owner, None, self.lease_seconds).renewed
+
+    def shutdown(self) -> None:
+        """Stop renewing, unmap everything (histories stay until their lease ends)."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=5)
+        with self._lock:
+            handles, self._open = list(self._open.values()), {}
+        for h in handles:
+            h.close()
+        self.rpc.close_channel()
+
+    def __enter__(self) -> KVStoreClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def _renew_forever(self) -> None:
+        interval = max(0.05, self.lease_seconds / 3)
+        while not self._stop.wait(interval):
+            try:
+                self.renew()
+            except DHiSparseError as e:  # store down or restarting: keep mapping, retry
+                log.warning("lease renewal for %s failed: %s", self.owner, e)

@@ -1,0 +1,222 @@
+"""The plain-Python core, in process: semantics, bad input, recovery, leases, capacity."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
+from services.kvstore.ranges import RangeSet
+from services.kvstore.segments import segment_name
+from services.kvstore.store import KVStore, StoreOptions
+from tests.kvstore.harness import SHM, assert_no_segments, segments
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def options(prefix: str, capacity: int = 1 << 20, **kw: object) -> StoreOptions:
+    return StoreOptions(capacity=capacity, shm_dir=SHM, prefix=prefix,
+                        manifest_dir=SHM / f"{prefix}.manifest", **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(prefix: str, clock: Clock) -> Iterator[KVStore]:
+    s = KVStore(options(prefix), clock)
+    yield s
+    s.shutdown()
+
+
+def snapshot(s: KVStore) -> tuple:
+    """Everything observable: stats, histories and their bytes."""
+    return (s.stats(), sorted(s.histories(), key=lambda h: (h.request_id, h.source_id)),
+            {(h.request_id, h.source_id): s.read(h.request_id, h.source_id, 0, h.num_rows)
+             for h in s.histories()})
+
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), max_size=25))
+@settings(max_examples=300, deadline=None)
+def test_rangeset_matches_a_set_model(pairs: list[tuple[int, int]]) -> None:
+    rs, model = RangeSet(), set()
+    for a, b in pairs:
+        rs.add(a, b)
+        model |= set(range(a, b))
+        runs = list(rs)
+        assert all(x < y for x, y in runs)
+        assert all(runs[i][1] < runs[i + 1][0] for i in range(len(runs) - 1))  # coalesced
+        assert {r for x, y in runs for r in range(x, y)} == model
+        assert rs.count() == len(model)
+    for a in range(0, 62, 3):
+        for b in range(a, 64, 5):
+            assert rs.covers(a, b) == (set(range(a, b)) <= model)
+            assert rs.intersects(a, b) == bool(set(range(a, b)) & model)
+
+
+def test_round_trip_commit_and_segment_mode(store: KVStore, prefix: str) -> None:
+    info, created = store.open("req-1", 3, "w0", 48, 10)
+    assert created and info.backed == ()
+    assert Path(info.segment_path).name == segment_name(prefix, "req-1", 3)
+    assert os.stat(info.segment_path).st_mode & 0o777 == 0o600
+    data = bytes(range(48)) * 4
+    assert store.write("req-1", 3, "w0", 2, data) == (2, 6)
+    assert store.commit("req-1", 3, "w0", [(2, 4), (4, 6)]) == ((2, 6),)
+    assert store.read("req-1", 3, 2, 6, require_backed=True) == data
+    assert [(a, len(b)) for a, b in store.read_chunks("req-1", 3, 2, 6, 100)] == [
+        (2, 96), (4, 96)]
+    with pytest.raises(FailedPrecondition):
+        store.read("req-1", 3, 0, 6, require_backed=True)
+    assert store.close_history("req-1", 3, "w0") == 4096
+    assert_no_segments(prefix)
+
+
+BAD_OPENS = [
+    (dict(request_id=""), InvalidArgument),
+    (dict(request_id="x" * 129), InvalidArgument),
+    (dict(request_id="a/b"), InvalidArgument),
+    (dict(request_id="é"), InvalidArgument),
+    (dict(owner=""), InvalidArgument),
+    (dict(source_id=-1), InvalidArgument),
+    (dict(row_bytes=0), InvalidArgument),
+    (dict(row_bytes=(4 << 20) + 1), InvalidArgument),
+    (dict(num_rows=0), InvalidArgument),
+    (dict(lease_seconds=-1.0), InvalidArgument),
+    (dict(lease_seconds=float("nan")), InvalidArgument),
+    (dict(num_rows=1 << 20), ResourceExhausted),
+    (dict(request_id="held"), AlreadyExists),
+    (dict(request_id="held", attach=True, owner="w1"), PermissionDenied),
+    (dict(request_id="held", attach=True, num_rows=11), AlreadyExists),
+]
+
+
+@pytest.mark.parametrize(("change", "error"), BAD_OPENS)
+def test_bad_open_changes_nothing(store: KVStore, change: dict, error: type) -> None:
+    store.open("held", 0, "w0", 64, 10)
+    store.write("held", 0, "w0", 0, b"\x07" * 640)
+    store.commit("held", 0, "w0", [(0, 5)])
+    before = snapshot(store)
+    args = dict(request_id="r", source_id=0, owner="w0", row_bytes=64, num_rows=10)
+    with pytest.raises(error):
+        store.open(**{**args, **change})
+    assert snapshot(store) == before
+
+
+def test_bad_row_operations_change_nothing(store: KVStore) -> None:
+    store.open("r", 0, "w0", 16, 8)
+    store.write("r", 0, "w0", 0, b"\x01" * 16 * 4)
+    store.commit("r", 0, "w0", [(0, 2)])
+    before = snapshot(store)
+    cases = [
+        (lambda: store.write("r", 0, "w0", 0, b"\x02" * 16), FailedPrecondition),  # committed
+        (lambda: store.write("r", 0, "w0", 7, b"\x02" * 32), InvalidArgument),  # past end
+        (lambda: store.write("r", 0, "w0", 3, b"\x02" * 15), InvalidArgument),  # partial row
+        (lambda: store.write("r", 0, "w0", 3, b""), InvalidArgument),
+        (lambda: store.write("r", 0, "w1", 3, b"\x02" * 16), PermissionDenied),
+        (lambda: store.write("r", 1, "w0", 3, b"\x02" * 16), NotFound),
+        (lambda: store.write("r", 0, "w0", 2, b"\x02" * ((4 << 20) + 16)), InvalidArgument),
+        (lambda: store.commit("r", 0, "w0", [(2, 4), (5, 9)]), InvalidArgument),  # atomic
+        (lambda: store.commit("r", 0, "w0", [(3, 3)]), InvalidArgument),
+        (lambda: store.commit("r", 0, "w0", []), InvalidArgument),
+        (lambda: store.commit("r", 0, "w1", [(2, 4)]), PermissionDenied),
+        (lambda: store.read("r", 0, 4, 2), InvalidArgument),
+        (lambda: store.read("nope", 0, 0, 1), NotFound),
+        (lambda: store.close_history("r", 0, "w1"), PermissionDenied),
+        (lambda: store.close_history("r", 5, "w0"), NotFound),
+        (lambda: store.renew("w0", [("r", 0), ("nope", 0)]), NotFound),
+        (lambda: store.renew("w1", [("r", 0)]), PermissionDenied),
+        (lambda: store.renew("w0", None, 1e9), InvalidArgument),
+    ]
+    for call, error in cases:
+        with pytest.raises(error):
+            call()
+        assert snapshot(store) == before
+
+
+def test_attach_returns_existing_history(store: KVStore, clock: Clock) -> None:
+    info, _ = store.open("r", 0, "w0", 16, 8, lease_seconds=5)
+    store.write("r", 0, "w0", 0, b"\x05" * 32)
+    store.commit("r", 0, "w0", [(0, 2)])
+    clock.now += 3
+    again, created = store.open("r", 0, "w0", 16, 8, lease_seconds=5, attach=True)
+    assert not created and again.backed == ((0, 2),)
+    assert again.segment_path == info.segment_path
+    assert again.lease_expires == clock.now + 5  # re-attach renews
+
+
+def test_recovery_after_crash_keeps_committed_rows(prefix: str, clock: Clock) -> None:
+    crashed = KVStore(options(prefix), clock)
+    crashed.open("a", 0, "w0", 32, 16)
+    crashed.write("a", 0, "w0", 0, bytes(range(32)) * 16)
+    crashed.commit("a", 0, "w0", [(0, 5), (9, 12)])
+    crashed.open("b", 1, "w1", 8, 4)
+    orphan = SHM / segment_name(prefix, "never-recorded", 0)  # crash between create/save
+    orphan.write_bytes(b"x")
+    # No shutdown: the store "dies"; a new one recovers from the manifest.
+    again = KVStore(options(prefix), clock)
+    assert again.stats().histories == 2 and again.stats().recovered_histories == 2
+    assert again.info("a", 0).backed == ((0, 5), (9, 12))
+    assert again.read("a", 0, 0, 16) == bytes(range(32)) * 16
+    assert not orphan.exists()
+    assert again.stats().used_bytes == crashed.stats().used_bytes
+    # Recovered leases cannot run out before clients had a chance to renew.
+    assert again.info("b", 1).lease_expires >= clock.now + again.options.default_lease_seconds
+    again.close_history("a", 0, "w0")
+    again.close_history("b", 1, "w1")
+    assert_no_segments(prefix)
+
+
+def test_recovery_drops_records_without_segment(prefix: str, clock: Clock) -> None:
+    s = KVStore(options(prefix), clock)
+    info, _ = s.open("a", 0, "w0", 32, 16)
+    os.unlink(info.segment_path)
+    again = KVStore(options(prefix), clock)
+    assert again.stats().histories == 0 and again.stats().used_bytes == 0
+    assert_no_segments(prefix)
+
+
+def test_lease_expiry_frees_memory(store: KVStore, clock: Clock, prefix: str) -> None:
+    store.open("short", 0, "w0", 64, 64, lease_seconds=2)
+    store.open("long", 0, "w1", 64, 64, lease_seconds=10)
+    clock.now += 1
+    assert store.renew("w0") == (1, clock.now + store.options.default_lease_seconds)
+    store.renew("w0", [("short", 0)], lease_seconds=2)  # never shortens a lease
+    clock.now += 30
+    assert store.expire() == [("long", 0)]
+    assert store.stats().histories == 1 and store.stats().lease_expiries_total == 1
+    clock.now += 60
+    assert store.expire() == [("short", 0)]
+    assert store.stats().used_bytes == 0
+    assert_no_segments(prefix)
+
+
+def test_capacity_exhaustion_then_recovery_after_close(prefix: str, clock: Clock) -> None:
+    s = KVStore(options(prefix, capacity=64 * 4096), clock)
+    for i in range(4):
+        s.open(f"r{i}", 0, "w0", 4096, 16)
+    with pytest.raises(ResourceExhausted, match="capacity=262144"):
+        s.open("r4", 0, "w0", 4096, 1)
+    s.close_history("r1", 0, "w0")
+    s.open("r4", 0, "w0", 4096, 16)
+    assert s.stats().used_bytes == s.stats().capacity_bytes
+    assert len(segments(prefix)) == 4
