@@ -1,0 +1,1 @@
+"""Decode worker: GPU KV tiers (hierarchy), model, speculation and the Decode service."""

@@ -1,0 +1,313 @@
+"""Page operations: admit, open/commit rows, backup, retire, populate, release.
+
+Each operation validates first and changes nothing on failure; each keeps I1-I6:
+
+    admit     reserve required pages (hot cache + tail); resident-first: full pages of
+              imported history go to optional pages (ready, host backup deferred) while
+              pages are spare, the rest to host (written + committed); the partial
+              boundary page goes to the tail. ``resident``: all history on device.
+    open_rows reserve tail rows for this round's new rows (uncommitted until commit)
+    commit    rows < committed become history; rejected rows are dropped (I5);
+              completed tail pages await backup (``resident``: move into history pages)
+    backup    device-only rows (completed tail pages, then unbacked optional pages)
+              -> HostBacking.write for every payload layer, then commit (I4)
+    retire    optional pages whose rows are backed and whose readers finished -> free
+    populate  reserve free pages -> copy from host -> publish ready (bounded per call)
+    release   everything of the request back to the free lists; host histories closed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from services.common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+)
+
+from .group import SourceGroup
+from .request import RequestState, new_request_state
+
+
+def _count(name: str, value: object, minimum: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidArgument(f"{name}={value!r} must be an integer >= {minimum}")
+    return value
+
+
+def _check_history(group: SourceGroup, history: Sequence[torch.Tensor], max_rows: int) -> int:
+    spec = group.spec
+    if len(history) != spec.payload_layers:
+        raise InvalidArgument(
+            f"history has {len(history)} tensors; expected payload_layers={spec.payload_layers}"
+        )
+    n = history[0].shape[0] if history[0].dim() else -1
+    for layer, t in enumerate(history):
+        if t.dtype != torch.uint8 or t.dim() != 2 or tuple(t.shape) != (n, spec.row_bytes):
+            raise InvalidArgument(
+                f"history[{layer}] has dtype={t.dtype} shape={tuple(t.shape)}; expected "
+                f"uint8 [n, row_bytes={spec.row_bytes}] with the same n in every layer"
+            )
+    if n > max_rows:
+        raise InvalidArgument(f"history rows={n} exceed max_rows={max_rows}")
+    return n
+
+
+def admit_pages(group: SourceGroup, imported_rows: int) -> tuple[int, int]:
+    """(required pages, device history pages) that admitting ``imported_rows`` would take."""
+    cfg = group.config
+    full = imported_rows // cfg.page_rows
+    required = cfg.required_pages + (full if cfg.policy == "resident" else 0)
+    spare = group.pages.available - required
+    optional = min(full, max(0, spare)) if cfg.policy == "adaptive" else 0
+    return required, (full if cfg.policy == "resident" else optional)
+
+
+def can_admit(group: SourceGroup, imported_rows: int) -> bool:
+    required, _ = admit_pages(group, imported_rows)
+    return len(group.requests) < group.config.max_requests and group.pages.can_allocate(required)
+
+
+def admit(
+    group: SourceGroup,
+    request_id: str,
+    max_rows: int,
+    history: Sequence[torch.Tensor] | None = None,
+    imported_rows: int = 0,
+) -> RequestState:
+    """Admit ``request_id`` with capacity ``max_rows`` rows.
+
+    history: per payload layer ``uint8 [n, row_bytes]`` (any device) imported from prefill,
+    or None when the host histories already hold ``imported_rows`` backed rows.
+    """
+    cfg, p = group.config, group.config.page_rows
+    if not isinstance(request_id, str) or not request_id:
+        raise InvalidArgument(f"request_id={request_id!r} must be a non-empty string")
+    if request_id in group.requests:
+        raise AlreadyExists(f"request_id={request_id!r} is already admitted in {group.name!r}")
+    _count("max_rows", max_rows, 1)
+    if history is not None:
+        imported_rows = _check_history(group, history, max_rows)
+    elif _count("imported_rows", imported_rows) > max_rows:
+        raise InvalidArgument(f"imported_rows={imported_rows} exceeds max_rows={max_rows}")
+    if history is None and imported_rows and not cfg.offloads:
+        raise InvalidArgument("history=None with policy='resident': no host rows to import")
+    if len(group.requests) >= cfg.max_requests:
+        raise ResourceExhausted(
+            f"requests={len(group.requests)} at max_requests={cfg.max_requests}"
+        )
+    required, device_pages = admit_pages(group, imported_rows)
+    if not group.pages.can_allocate(required):
+        raise ResourceExhausted(
+            f"admit request_id={request_id!r} needs required pages={required} > available "
+            f"pages={group.pages.available} (free={len(group.pages.free_ids)}, "
+            f"reserve={cfg.reserve_pages})"
+        )
+    backings = []
+    if cfg.offloads and group.provider is not None:
+        row_bytes = group.spec.row_bytes
+        opened = group.provider.open
+        backings = [opened(request_id, s, row_bytes, max_rows) for s in group.source_ids]
+    if history is None:
+        for layer, backing in enumerate(backings):
+            if not bool(backing.backed_mask()[:imported_rows].all()):
+                raise FailedPrecondition(
+                    f"history=None but host rows [0, {imported_rows}) of layer={layer} "
+                    f"are not all backed"
+                )
+        history = [b.rows()[:imported_rows] for b in backings]
+    kind = "required" if cfg.policy == "resident" else "optional"
+    state = new_request_state(
+        request_id, max_rows, imported_rows // p if cfg.policy != "resident" else 0,
+        imported_rows, group.pages.allocate(cfg.required_pages, "required"),
+        group.hot_slots, cfg.tail_rows, p, group.device,
+    )
+    state.backings = backings
+    _place_history(group, state, history, group.pages.allocate(device_pages, kind))
+    group.requests[request_id] = state
+    return state
+
+
+def _place_history(
+    group: SourceGroup, state: RequestState, history: Sequence[torch.Tensor], pages: list[int]
+) -> None:
+    """Imported rows: device pages first, then host (if not backed yet), tail last."""
+    p, n = group.config.page_rows, state.committed
+    page_t = torch.tensor(pages, dtype=torch.int64, device=group.device)
+    on_device = len(pages) * p
+    boundary = state.tail_lo
+    tail_rows = torch.arange(boundary, n, device=group.device)
+    for layer, payload in enumerate(group.payloads):
+        src = history[layer]
+        payload[group.page_locations(page_t)] = src[:on_device].to(group.device)
+        payload[state.tail_locs[tail_rows % state.tail_locs.numel()]] = src[boundary:n].to(
+            group.device
+        )
+        backings = state.backings
+        if backings and not bool(backings[layer].backed_mask()[on_device:boundary].all()):
+            backings[layer].write(on_device, src[on_device:boundary].cpu())
+    for backing in state.backings:  # commit after every layer's bytes landed (I4)
+        backing.commit(on_device, boundary)
+    state.page_map[: len(pages)] = page_t
+    state.page_ready[: len(pages)] = True
+
+
+def open_rows(group: SourceGroup, request_id: str, count: int) -> torch.Tensor:
+    """Reserve tail rows ``[tail_hi, tail_hi + count)``; returns their pool rows ``int64 [count]``.
+
+    The engine writes every payload layer's new rows there: ``group.payload(l)[locs] = kv``.
+    """
+    state = group.request(request_id)
+    _count("count", count, 1)
+    stop = state.tail_hi + count
+    if stop > state.max_rows:
+        raise InvalidArgument(
+            f"count={count} opens rows up to {stop} > max_rows={state.max_rows} "
+            f"of request_id={request_id!r}"
+        )
+    if stop - state.tail_lo > group.config.tail_rows:
+        raise ResourceExhausted(
+            f"count={count} overflows the tail: rows [{state.tail_lo}, {stop}) > tail_rows="
+            f"{group.config.tail_rows}; back up completed pages first"
+        )
+    rows = torch.arange(state.tail_hi, stop, device=group.device)
+    state.tail_hi = stop
+    return state.tail_locs[rows % state.tail_locs.numel()]
+
+
+def commit_rows(group: SourceGroup, request_id: str, committed: int) -> int:
+    """Commit rows ``< committed`` and drop opened rows beyond it. Returns rows committed."""
+    state, p = group.request(request_id), group.config.page_rows
+    if not isinstance(committed, int) or not state.committed <= committed <= state.tail_hi:
+        raise InvalidArgument(
+            f"committed={committed!r} outside [{state.committed}, {state.tail_hi}] "
+            f"(committed rows .. opened rows of request_id={request_id!r})"
+        )
+    if group.config.policy == "resident":
+        first, stop = state.tail_lo // p, committed // p
+        pages = group.pages.allocate(stop - first, "required")  # raises before any change
+        page_t = torch.tensor(pages, dtype=torch.int64, device=group.device)
+        rows = torch.arange(first * p, stop * p, device=group.device)
+        src = state.tail_locs[rows % state.tail_locs.numel()]
+        for payload in group.payloads:
+            payload[group.page_locations(page_t)] = payload[src]
+        state.page_map[first:stop] = page_t
+        state.page_ready[first:stop] = True
+        state.tail_lo = stop * p
+    added = committed - state.committed
+    state.committed = state.tail_hi = committed
+    return added
+
+
+def backup(group: SourceGroup, request_id: str, max_pages: int | None = None) -> int:
+    """Back up device-only pages (tail pages first, ascending). Returns rows backed."""
+    state, p = group.request(request_id), group.config.page_rows
+    if not group.config.offloads:
+        raise FailedPrecondition("policy='resident' has no host backing to back up to")
+    budget = None if max_pages is None else _count("max_pages", max_pages, 1)
+    backed = group.backed_mask(state)
+    tail_pages = list(range(state.tail_lo // p, state.committed // p))
+    opt_pages = [
+        g for g in state.optional_logical_pages() if not bool(backed[g * p : g * p + p].all())
+    ]
+    done = 0
+    for g in (tail_pages + opt_pages)[:budget]:
+        rows = torch.arange(g * p, g * p + p, device=group.device)
+        if g * p >= state.tail_lo:
+            locs = state.tail_locs[rows % state.tail_locs.numel()]
+        else:
+            locs = state.page_map[g] * p + rows % p
+        for payload, backing in zip(group.payloads, state.backings, strict=True):
+            backing.write(g * p, payload[locs].cpu())
+        for backing in state.backings:  # commit after every layer's bytes landed (I4)
+            backing.commit(g * p, g * p + p)
+        if g * p == state.tail_lo:
+            state.tail_lo += p
+        done += p
+    return done
+
+
+def retire(group: SourceGroup, request_id: str, pages: Sequence[int] | None = None) -> int:
+    """Free optional pages (default: all of the request's). Returns pages retired."""
+    state, p = group.request(request_id), group.config.page_rows
+    optional = state.optional_logical_pages()
+    targets = optional if pages is None else list(pages)
+    for i, g in enumerate(targets):
+        if g not in optional:
+            raise InvalidArgument(
+                f"pages[{i}]={g!r} is not an optional page of request_id={request_id!r} "
+                f"(optional pages: {optional})"
+            )
+    if group.readers_pending(state):
+        raise FailedPrecondition(
+            f"request_id={request_id!r} has readers of epoch={state.last_read_epoch} "
+            f"not finished (finished_epoch={group.finished_epoch})"
+        )
+    backed = group.backed_mask(state)
+    for g in targets:
+        if not bool(backed[g * p : g * p + p].all()):
+            raise FailedPrecondition(
+                f"page={g} (rows [{g * p}, {g * p + p})) of request_id={request_id!r} has "
+                f"rows without host backing; back it up before retiring"
+            )
+    if not targets:
+        return 0
+    physical = [int(state.page_map[g]) for g in targets]
+    state.page_ready[targets] = False  # unpublish first, then free (I4)
+    state.page_map[targets] = -1
+    group.pages.free(physical)
+    return len(targets)
+
+
+def populate(group: SourceGroup, request_id: str, max_pages: int) -> int:
+    """Repopulate up to ``max_pages`` missing optional pages from host. Returns pages."""
+    state = group.request(request_id)
+    _count("max_pages", max_pages, 1)
+    if group.config.policy != "adaptive":
+        raise FailedPrecondition(f"policy={group.config.policy!r} has no optional residency")
+    missing = [g for g in range(state.eligible_pages) if int(state.page_map[g]) < 0]
+    targets = missing[: min(max_pages, group.pages.available)]
+    if not targets:
+        return 0
+    page_t = torch.tensor(group.pages.allocate(len(targets), "optional"), device=group.device)
+    tgt = torch.tensor(targets, dtype=torch.int64, device=group.device)
+    state.page_map[tgt] = page_t  # reserved: mapped but not ready
+    rows = group.page_locations(tgt).cpu()  # logical page -> its source rows
+    for payload, backing in zip(group.payloads, state.backings, strict=True):
+        if not bool(backing.backed_mask()[rows].all()):
+            raise RuntimeError(f"I1 violated: rows of pages {targets} are not backed")
+        payload[group.page_locations(page_t)] = backing.rows()[rows].to(group.device)
+    state.page_ready[tgt] = True  # publish after the copy completed (I4)
+    return len(targets)
+
+
+def release(group: SourceGroup, request_id: str) -> None:
+    """Free every page, slot and staged row of the request and close its host histories."""
+    state = group.request(request_id)
+    if group.readers_pending(state) or group.pending_layers:
+        raise FailedPrecondition(
+            f"request_id={request_id!r}: readers of epoch={state.last_read_epoch} not finished "
+            f"(finished_epoch={group.finished_epoch}) or a plan is not applied to every layer"
+        )
+    group.pages.free(state.required_pages + [int(g) for g in state.page_map[state.page_map >= 0]])
+    group.staging.drop_request(request_id)
+    if group.provider is not None and state.backings:
+        for sid in group.source_ids:
+            group.provider.close(request_id, sid)
+    del group.requests[request_id]
+
+
+def optional_pages(group: SourceGroup, request_id: str) -> int:
+    """``a_r`` of eq. 4: optional pages the request would give back if reclaimed."""
+    return len(group.request(request_id).optional_logical_pages())
+
+
+def coverage(group: SourceGroup) -> float:
+    """Ready optional history / eligible history over all requests (1.0 when none)."""
+    eligible = sum(s.eligible_pages for s in group.requests.values())
+    ready = sum(int(s.page_ready[: s.eligible_pages].sum()) for s in group.requests.values())
+    return ready / eligible if eligible else 1.0

@@ -1,0 +1,110 @@
+"""Per-request state of one source group: tail, hot cache, optional-history map, backing.
+
+All tensors live on the group's device (the kernels read them); ``B = hot_slots``,
+``T = tail_rows``, ``P = ceil(max_rows / page_rows)`` logical pages of the history::
+
+    hot_rows     int64 [B]  source row held by each hot slot, -1 = empty
+    hot_stamp    int64 [B]  LRU stamp: epoch of the slot's last use (0 = never)
+    hot_protect  int64 [B]  epoch of the last resolve that returned the slot; the slot
+                            is protected while hot_protect > group.finished_epoch
+    hot_locs     int64 [B]  pool row of each hot slot (fixed at admission)
+    tail_locs    int64 [T]  pool row of each tail ring slot; row s lives at tail_locs[s % T]
+    page_map     int64 [P]  physical page holding logical page g (rows g*p .. g*p+p-1), -1
+    page_ready   bool  [P]  True once the page's copy completed (only ready pages resolve)
+
+Row ranges (``n = committed``)::
+
+    0 ........ eligible*p ........ tail_lo ........ n ........ tail_hi
+    | imported full pages |  generated, immutable |  tail ring (≤ T rows)       |
+    | (optional residency)|  (host + hot cache)   |  committed | unverified     |
+
+Rows ``[tail_lo, tail_hi)`` are in the tail; ``tail_lo`` is a multiple of ``page_rows``
+and only advances after the completed pages below it are backed up (offload policies) or
+moved into history pages (``resident``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from services.common.backing import HostBacking
+
+
+@dataclass(slots=True, eq=False)
+class RequestState:
+    request_id: str
+    max_rows: int
+    eligible_pages: int  # full pages of imported history (optional residency candidates)
+    committed: int
+    tail_lo: int
+    tail_hi: int
+    hot_rows: torch.Tensor
+    hot_stamp: torch.Tensor
+    hot_protect: torch.Tensor
+    hot_locs: torch.Tensor
+    tail_locs: torch.Tensor
+    page_map: torch.Tensor
+    page_ready: torch.Tensor
+    required_pages: list[int]
+    backings: list[HostBacking] = field(default_factory=list)
+    last_read_epoch: int = 0
+
+    @property
+    def tail_span(self) -> int:
+        return self.tail_hi - self.tail_lo
+
+    def mapped_pages(self) -> list[int]:
+        """Logical pages that hold a physical page (ready or not)."""
+        return torch.nonzero(self.page_map >= 0).flatten().tolist()
+
+    def optional_logical_pages(self) -> list[int]:
+        """Mapped logical pages of imported history (a_r of eq. 4 = their count)."""
+        return [g for g in self.mapped_pages() if g < self.eligible_pages]
+
+
+def new_request_state(
+    request_id: str,
+    max_rows: int,
+    eligible_pages: int,
+    imported_rows: int,
+    required_pages: list[int],
+    hot_slots: int,
+    tail_rows: int,
+    page_rows: int,
+    device: torch.device,
+) -> RequestState:
+    """Lay out a fresh request: hot cache first, then the tail, in ``required_pages``."""
+    rows = torch.tensor(required_pages, dtype=torch.int64, device=device)
+    rows = (rows[:, None] * page_rows + torch.arange(page_rows, device=device)).flatten()
+    num_logical = -(-max_rows // page_rows)
+    hot_pages = -(-hot_slots // page_rows) if hot_slots else 0
+    tail_lo = imported_rows // page_rows * page_rows
+    return RequestState(
+        request_id=request_id,
+        max_rows=max_rows,
+        eligible_pages=eligible_pages,
+        committed=imported_rows,
+        tail_lo=tail_lo,
+        tail_hi=imported_rows,
+        hot_rows=torch.full((hot_slots,), -1, dtype=torch.int64, device=device),
+        hot_stamp=torch.zeros(hot_slots, dtype=torch.int64, device=device),
+        hot_protect=torch.zeros(hot_slots, dtype=torch.int64, device=device),
+        hot_locs=rows[:hot_slots].clone(),
+        tail_locs=rows[hot_pages * page_rows : hot_pages * page_rows + tail_rows].clone(),
+        page_map=torch.full((num_logical,), -1, dtype=torch.int64, device=device),
+        page_ready=torch.zeros(num_logical, dtype=torch.bool, device=device),
+        required_pages=list(required_pages),
+    )
+
+
+def lru_order(stamp: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """Slots where ``candidates`` is True, in eviction order.
+
+    Tie-breaking (kernels reproduce it bit-exactly): smallest stamp first, then smallest
+    slot index. Empty slots have stamp 0 and so go first, in slot order.
+    """
+    slots = torch.nonzero(candidates).flatten()
+    order = torch.argsort(stamp[slots], stable=True)  # stable: ties keep slot order
+    return slots[order]
