@@ -93,3 +93,11 @@ def assert_no_segments(prefix: str) -> None:
     assert not left, f"leaked segments: {left}"
     manifest = Path("/dev/shm") / f"{prefix}.manifest"
     assert not manifest.exists() or not any(manifest.iterdir())
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
