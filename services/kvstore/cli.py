@@ -33,6 +33,9 @@ def command(
                                            "MAX_LEASE_SECONDS"),
     max_chunk_bytes: str | None = _opt("--max-chunk-bytes", "WriteRows/ReadRows chunk [4MiB].",
                                        "MAX_CHUNK_BYTES"),
+    expiry_interval_seconds: float | None = _opt("--expiry-interval-seconds",
+                                                 "How often expired leases are freed [1].",
+                                                 "EXPIRY_INTERVAL_SECONDS"),
     preallocate: bool | None = typer.Option(
         None, "--preallocate/--no-preallocate", envvar="DHISPARSE_PREALLOCATE",
         help="Reserve segment memory at open (fail early instead of SIGBUS) [on]."),
