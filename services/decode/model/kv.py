@@ -94,7 +94,7 @@ class DenseKV:
             raise InvalidArgument("selections must lie below their query's bound")
         loc = torch.where(valid, slots.view(-1, 1, 1) * self.max_positions + selections,
                           torch.full_like(selections, -1))
-        if not bool(self._written[group][:, loc[valid]].all()):
+        if not bool(self._written[group, 0, loc[valid]].all()):  # payload 0 is written first
             raise InvalidArgument("a selection refers to a row that was never written")
         return loc
 
