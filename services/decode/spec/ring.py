@@ -1,0 +1,106 @@
+"""The draft KV ring (paper eq. 9–10): bounded draft state, rollback by pointer move.
+
+::
+
+    slot i:  [ i·R_d ............................ (i+1)·R_d )
+                   ^ φ(i, t) = i·R_d + (t mod R_d)
+    live positions of slot i:  max(0, high − R_d) <= t < frontier
+
+``frontier`` is the next position to write (rows below it are the drafter's state);
+``high`` is the highest position ever written + 1, so rows older than ``high − R_d`` are
+known overwritten. Rollback sets ``frontier`` back (no copy, no allocation, no free). With
+``R_d >= W + K_max`` (eq. 9), a round writing at most ``K_max`` rows past the committed
+frontier never overwrites a row of the window ``[t − W + 1, t]`` it reads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.common.errors import InvalidArgument
+from services.decode.spec.memory import ring_rows
+
+
+class DraftRing:
+    """``slots`` request slots of ``R_d`` rows of shape ``row_shape`` (``dtype``)."""
+
+    def __init__(self, slots: int, window: int, page: int, k_max: int,
+                 row_shape: tuple[int, ...], dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> None:
+        self.rows_per_slot = ring_rows(window, page, k_max)
+        if slots < 1:
+            raise InvalidArgument(f"slots={slots} must be >= 1")
+        self.slots, self.window, self.page, self.k_max = slots, window, page, k_max
+        self.storage = torch.zeros(slots * self.rows_per_slot, *row_shape, dtype=dtype,
+                                   device=device)
+        self._frontier = [0] * slots
+        self._high = [0] * slots
+
+    # -- addressing ---------------------------------------------------------------------
+    def address(self, slot: int, t: torch.Tensor | int) -> torch.Tensor | int:
+        """``φ(i, t) = i·R_d + (t mod R_d)`` (eq. 10), for an int or an int64 tensor."""
+        return slot * self.rows_per_slot + t % self.rows_per_slot
+
+    def frontier(self, slot: int) -> int:
+        return self._frontier[self._check_slot(slot)]
+
+    def pointer_state(self, slot: int) -> tuple[int, int]:
+        """``(frontier, high)`` of ``slot``."""
+        return self._frontier[self._check_slot(slot)], self._high[slot]
+
+    def live(self, slot: int) -> range:
+        """Positions whose rows are readable now."""
+        f, h = self.pointer_state(slot)
+        return range(min(f, max(0, h - self.rows_per_slot)), f)
+
+    def window_positions(self, t: int) -> range:
+        """Positions the drafter reads at position ``t``: ``max(0, t − W + 1) .. t``."""
+        return range(max(0, t - self.window + 1), t + 1)
+
+    # -- state changes ------------------------------------------------------------------
+    def write(self, slot: int, start: int, rows: torch.Tensor) -> None:
+        """Store ``rows [c, *row_shape]`` at positions ``start .. start+c-1``.
+
+        ``start <= frontier`` (no gap) and ``c <= R_d − W`` (a chunk never evicts the
+        window of its own first position). Sets ``frontier = start + c``.
+        """
+        f = self.frontier(slot)
+        c = int(rows.shape[0])
+        if start < 0 or start > f:
+            raise InvalidArgument(f"start={start} must be in 0..frontier={f}")
+        if c > self.rows_per_slot - self.window:
+            raise InvalidArgument(f"rows={c} must be <= R_d - W = "
+                                  f"{self.rows_per_slot - self.window}")
+        pos = torch.arange(start, start + c, device=self.storage.device)
+        self.storage[self.address(slot, pos)] = rows
+        self._frontier[slot] = start + c
+        self._high[slot] = max(self._high[slot], start + c)
+
+    def read(self, slot: int, positions: torch.Tensor) -> torch.Tensor:
+        """Rows of live ``positions int64 [n]`` → ``[n, *row_shape]`` (a copy)."""
+        live = self.live(slot)
+        if positions.numel() and (int(positions.min()) < live.start
+                                  or int(positions.max()) >= live.stop):
+            raise InvalidArgument(f"positions {positions.min()}..{positions.max()} must be "
+                                  f"live ({live.start}..{live.stop - 1})")
+        return self.storage[self.address(slot, positions)]
+
+    def rollback(self, slot: int, n: int) -> None:
+        """Keep positions ``< n`` (the committed prefix): ``frontier = min(frontier, n)``."""
+        if n < 0:
+            raise InvalidArgument(f"n={n} must be >= 0")
+        self._frontier[self._check_slot(slot)] = min(self._frontier[slot], n)
+
+    def reset(self, slot: int) -> None:
+        """Free the slot for a new request (pointers only)."""
+        self._frontier[self._check_slot(slot)] = self._high[slot] = 0
+
+    def _check_slot(self, slot: int) -> int:
+        if not 0 <= slot < self.slots:
+            raise InvalidArgument(f"slot={slot} must be in 0..{self.slots - 1}")
+        return slot
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the ring (eq. 9 × row bytes × slots)."""
+        return self.storage.numel() * self.storage.element_size()

@@ -1,0 +1,235 @@
+"""Page operations: resident-first admit, backup -> retire, populate, commit, release."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.common.errors import FailedPrecondition, ResourceExhausted
+from services.decode.hierarchy import (
+    HierarchyConfig,
+    admit,
+    backup,
+    can_admit,
+    commit_rows,
+    completed_rows,
+    coverage,
+    open_rows,
+    optional_pages,
+    populate,
+    release,
+    retire,
+)
+from tests.hierarchy.harness import Harness, assert_same, snapshot
+
+
+def test_required_pages_cover_hot_cache_and_tail() -> None:
+    cfg = HierarchyConfig(num_pages=8, page_rows=4, hot_slots=5, tail_rows=7)
+    assert cfg.required_pages == 2 + 2
+    resident = HierarchyConfig(num_pages=8, page_rows=4, tail_rows=7, policy="resident")
+    assert resident.required_pages == 2
+
+
+def test_completed_rows_packs_m_positions_per_row() -> None:
+    assert [completed_rows(n, 4) for n in (0, 3, 4, 9)] == [0, 0, 1, 2]
+    assert completed_rows(7) == 7
+
+
+def test_resident_first_admission_keeps_history_on_device_unbacked(device: str) -> None:
+    h = Harness(device, policy="adaptive")
+    state = h.admit("a", 32, 10)
+    assert state.page_ready.tolist()[:3] == [True, True, False]
+    assert (state.tail_lo, state.committed, state.tail_hi) == (8, 10, 10)
+    assert not h.group.backed_mask(state).any()  # host backup deferred
+    assert h.group.pages.counts() == {"required": 3, "optional": 2, "free": 19, "reserve": 1}
+    assert optional_pages(h.group, "a") == 2 and coverage(h.group) == 1.0
+    h.check()
+
+
+def test_admission_spills_history_that_does_not_fit_to_host(device: str) -> None:
+    h = Harness(device, policy="adaptive", num_pages=7, reserve_pages=1)
+    state = h.admit("a", 40, 22)  # 5 full pages; 6 available - 3 required = 3 optional
+    assert state.page_ready.tolist()[:5] == [True, True, True, False, False]
+    backed = h.group.backed_mask(state)
+    assert backed[12:20].all() and not backed[:12].any() and not backed[20:].any()
+    assert coverage(h.group) == pytest.approx(3 / 5)
+    assert h.group.pages.counts()["free"] == 1  # only the reserve is left
+    h.check()
+    assert not can_admit(h.group, 0)
+    before = snapshot(h)
+    with pytest.raises(ResourceExhausted, match="required pages=3 > available pages=0"):
+        h.admit("b", 8, 0)
+    assert_same(before, snapshot(h))
+
+
+def test_backup_then_retire_then_host_fetch(device: str) -> None:
+    h = Harness(device, policy="adaptive")
+    h.admit("a", 32, 10)
+    before = snapshot(h)
+    with pytest.raises(FailedPrecondition, match=r"page=0 .* without host backing"):
+        retire(h.group, "a")
+    assert_same(before, snapshot(h))
+    assert backup(h.group, "a", max_pages=1) == 4  # bounded: page 0 only
+    with pytest.raises(FailedPrecondition, match="page=1"):
+        retire(h.group, "a")
+    assert backup(h.group, "a") == 4
+    assert backup(h.group, "a") == 0  # nothing device-only is left
+    h.check()
+    assert retire(h.group, "a") == 2
+    assert h.group.pages.counts()["optional"] == 0 and coverage(h.group) == 0.0
+    h.check()
+    h.open("a", 1)
+    plan = h.resolve(["a"], [[[1, 6, 9]]])
+    assert (plan.counts.host, plan.counts.tail) == (2, 1)
+
+
+def test_retire_waits_for_earlier_readers(device: str) -> None:
+    h = Harness(device, policy="adaptive")
+    h.admit("a", 32, 10)
+    backup(h.group, "a")
+    h.open("a", 1)
+    h.resolve(["a"], [[[1]]])  # epoch 1 reads page 0
+    before = snapshot(h)
+    with pytest.raises(FailedPrecondition, match="epoch=1 not finished"):
+        retire(h.group, "a", [0])
+    assert_same(before, snapshot(h))
+    h.group.readers_finished(1)
+    assert retire(h.group, "a", [0]) == 1
+    assert h.group.request("a").page_map.tolist()[:2][0] == -1
+    h.check()
+
+
+def test_populate_is_bounded_and_publishes_after_copy(device: str) -> None:
+    h = Harness(device, policy="adaptive")
+    h.admit("a", 40, 17)  # 4 optional pages
+    backup(h.group, "a")
+    retire(h.group, "a")
+    assert populate(h.group, "a", max_pages=3) == 3
+    assert h.group.request("a").page_ready.tolist()[:4] == [True, True, True, False]
+    h.check()
+    assert populate(h.group, "a", max_pages=3) == 1
+    assert populate(h.group, "a", max_pages=3) == 0 and coverage(h.group) == 1.0
+    h.open("a", 1)
+    plan = h.resolve(["a"], [[[0, 15, 16, 17]]])
+    assert plan.direct.tolist() == [True] and plan.counts.optional == 2
+    h.check()
+
+
+def test_populate_stops_at_the_reserve(device: str) -> None:
+    h = Harness(device, policy="adaptive", num_pages=8, reserve_pages=2)
+    h.admit("a", 40, 24)  # 6 pages; 6 available - 3 required = 3 optional
+    backup(h.group, "a")
+    assert populate(h.group, "a", max_pages=5) == 0
+    assert h.group.pages.counts()["free"] == 2
+    h.check()
+
+
+def test_commit_makes_generated_rows_history_after_backup(device: str) -> None:
+    h = Harness(device, policy="adaptive")
+    h.admit("a", 32, 6)  # 1 optional page, rows 4-5 in the tail
+    h.open("a", 3)  # rows 6, 7, 8: a round of K = 3
+    assert commit_rows(h.group, "a", 8) == 2  # row 8 rejected (I5)
+    s = h.group.request("a")
+    assert (s.tail_lo, s.committed, s.tail_hi) == (4, 8, 8)
+    h.check()
+    assert backup(h.group, "a") == 8  # tail page 1 first, then optional page 0
+    assert s.tail_lo == 8
+    assert h.group.backed_mask(s)[:8].all() and not h.group.backed_mask(s)[8:].any()
+    h.check()
+    h.open("a", 1)  # row 8 again, new bytes
+    plan = h.resolve(["a"], [[[5, 8, 0]]])
+    assert (plan.counts.host, plan.counts.tail, plan.counts.optional) == (1, 1, 1)
+    h.check()
+
+
+def test_tail_overflows_until_completed_pages_are_backed(device: str) -> None:
+    h = Harness(device, policy="hisparse")  # T = 7, p = 4
+    h.admit("a", 32, 3)
+    h.open("a", 4)
+    commit_rows(h.group, "a", 7)
+    before = snapshot(h)
+    with pytest.raises(ResourceExhausted, match="tail_rows=7"):
+        open_rows(h.group, "a", 1)  # rows [0, 8) would need 8 tail rows
+    assert_same(before, snapshot(h))
+    backup(h.group, "a")
+    h.open("a", 3)
+    h.check()
+
+
+def test_resident_policy_keeps_everything_on_device(device: str) -> None:
+    h = Harness(device, policy="resident")
+    h.admit("a", 32, 9)
+    assert h.group.pages.counts()["required"] == 2 + 2
+    h.open("a", 4)
+    commit_rows(h.group, "a", 13)  # rows 8-11 move into a history page
+    s = h.group.request("a")
+    assert s.tail_lo == 12 and s.page_ready.tolist()[:4] == [True, True, True, False]
+    h.open("a", 1)
+    plan = h.resolve(["a"], [[[0, 9, 12, 13]]])
+    assert plan.direct.tolist() == [True] and s.backings == []
+    with pytest.raises(FailedPrecondition, match="resident"):
+        backup(h.group, "a")
+    with pytest.raises(FailedPrecondition, match="resident"):
+        populate(h.group, "a", 1)
+    h.check()
+    h.group.readers_finished()
+    release(h.group, "a")
+    assert h.group.pages.counts()["free"] == h.config.num_pages
+    h.check()
+
+
+def test_hisparse_admits_history_to_host(device: str) -> None:
+    h = Harness(device, policy="hisparse")
+    state = h.admit("a", 32, 13)
+    assert h.group.backed_mask(state)[:12].all() and not state.page_ready.any()
+    assert h.group.pages.counts()["optional"] == 0
+    with pytest.raises(FailedPrecondition, match="hisparse"):
+        populate(h.group, "a", 1)
+    h.check()
+
+
+def test_admit_from_an_existing_host_history(device: str) -> None:
+    h = Harness(device, policy="adaptive")
+    rows = [h.random_rows(16) for _ in range(2)]
+    for layer, sid in enumerate(h.group.source_ids):  # prefill wrote the host history
+        backing = h.provider.open("a", sid, 8, 16)
+        backing.write(0, rows[layer][:9])
+        backing.commit(0, 9)
+        h.truth[("a", layer)] = rows[layer]
+    state = admit(h.group, "a", 16, None, imported_rows=9)
+    assert state.page_ready.tolist()[:3] == [True, True, False]
+    assert (state.tail_lo, state.tail_hi) == (8, 9)
+    h.check()
+
+
+def test_release_returns_every_page_slot_and_history(device: str) -> None:
+    h = Harness(device, policy="adaptive", staging_rows=4)
+    h.admit("a", 32, 16)
+    h.admit("b", 32, 5)
+    backup(h.group, "a")
+    retire(h.group, "a", [1, 3])
+    h.open("a", 2)
+    h.resolve(["a"], [[[4, 5, 6, 7], [12, 13, -1, 0]]])  # 6 misses: 3 hot, 3 staged
+    assert len(h.group.staging.staged) == 3
+    before = snapshot(h)
+    with pytest.raises(FailedPrecondition, match="not finished"):
+        release(h.group, "a")
+    assert_same(before, snapshot(h))
+    h.group.readers_finished()
+    release(h.group, "a")
+    assert ("a", 0) not in h.provider.histories and ("b", 0) in h.provider.histories
+    h.check()
+    release(h.group, "b")
+    assert h.group.pages.counts()["free"] == h.config.num_pages
+    assert len(h.group.staging.free_locs) == 4 and not h.provider.histories
+    h.check()
+    h.admit("a", 32, 16)  # the same id can be admitted again
+    h.check()
+
+
+def test_torch_device_parameter_places_every_tensor(device: str) -> None:
+    h = Harness(device, policy="adaptive")
+    s = h.admit("a", 32, 10)
+    want = torch.empty(0, device=device).device
+    for t in (s.hot_rows, s.tail_locs, s.page_map, *h.group.payloads):
+        assert t.device == want
