@@ -280,13 +280,14 @@ class ResidencyCore:
         self._record(kind, e)
 
     def _forget(self, w: WorkerLedger, request_id: str, kind: str) -> None:
-        e = w.remove(request_id)
-        del self._requests[request_id]
+        e = self._requests[request_id]
         if e.pending is not None:
             cmd = self._commands[e.pending]
             if cmd.kind is CommandKind.POPULATE:
                 w.populating -= 1
             self._finish(cmd, acked=False)
+        w.remove(request_id)
+        del self._requests[request_id]
         self._record(kind, e)
 
     def _finish(self, cmd: Command, acked: bool) -> None:
