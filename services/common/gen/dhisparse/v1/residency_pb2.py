@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64hisparse/v1/residency.proto\x12\x0c\x64hisparse.v1\"\xa8\x01\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61pacity_pages\x18\x03 \x01(\x04\x12\x15\n\rreserve_pages\x18\x04 \x01(\x04\x12\x11\n\tpage_rows\x18\x05 \x01(\r\x12\x12\n\npage_bytes\x18\x06 \x01(\x04\x12\x15\n\rrequest_slots\x18\x07 \x01(\r\"W\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1b\n\x13heartbeat_timeout_s\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"d\n\x0c\x41\x64mitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x16\n\x0erequired_pages\x18\x03 \x01(\x04\x12\x15\n\rhistory_pages\x18\x04 \x01(\x04\"\xb0\x01\n\rAdmitResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\x16\n\x0erequired_pages\x18\x04 \x01(\x04\x12\x16\n\x0eoptional_pages\x18\x05 \x01(\x04\x12\x14\n\x0cwait_seconds\x18\x06 \x01(\x01\x12\x1a\n\x12reclaimed_requests\x18\x07 \x03(\t\"7\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"&\n\x0fReleaseResponse\x12\x13\n\x0b\x66reed_pages\x18\x01 \x01(\x04\"\x8e\x01\n\x0cRequestPages\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0erequired_pages\x18\x02 \x01(\x04\x12\x16\n\x0eoptional_pages\x18\x03 \x01(\x04\x12\x13\n\x0bready_pages\x18\x04 \x01(\x04\x12\x15\n\rhistory_pages\x18\x05 \x01(\x04\x12\x0e\n\x06\x62\x61\x63ked\x18\x06 \x01(\x08\"J\n\nCommandAck\x12\x12\n\ncommand_id\x18\x01 \x01(\x04\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\r\n\x05pages\x18\x04 \x01(\x04\"\xc8\x01\n\x0cWorkerReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x16\n\x0e\x63\x61pacity_pages\x18\x03 \x01(\x04\x12\x15\n\rreserve_pages\x18\x04 \x01(\x04\x12,\n\x08requests\x18\x05 \x03(\x0b\x32\x1a.dhisparse.v1.RequestPages\x12&\n\x04\x61\x63ks\x18\x06 \x03(\x0b\x32\x18.dhisparse.v1.CommandAck\x12\x11\n\theartbeat\x18\x07 \x01(\x08\"\xbb\x01\n\rWorkerCommand\x12\x12\n\ncommand_id\x18\x01 \x01(\x04\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12&\n\x06\x62\x61\x63kup\x18\x03 \x01(\x0b\x32\x14.dhisparse.v1.BackupH\x00\x12&\n\x06retire\x18\x04 \x01(\x0b\x32\x14.dhisparse.v1.RetireH\x00\x12*\n\x08populate\x18\x05 \x01(\x0b\x32\x16.dhisparse.v1.PopulateH\x00\x42\x06\n\x04kind\"\x17\n\x06\x42\x61\x63kup\x12\r\n\x05pages\x18\x01 \x01(\x04\"\x17\n\x06Retire\x12\r\n\x05pages\x18\x01 \x01(\x04\"\x19\n\x08Populate\x12\r\n\x05pages\x18\x01 \x01(\x04\"\x11\n\x0fGetStateRequest\"\xa3\x02\n\x0bWorkerState\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61pacity_pages\x18\x03 \x01(\x04\x12\x15\n\rreserve_pages\x18\x04 \x01(\x04\x12\x16\n\x0erequired_pages\x18\x05 \x01(\x04\x12\x16\n\x0eoptional_pages\x18\x06 \x01(\x04\x12\x12\n\nfree_pages\x18\x07 \x01(\x04\x12\x15\n\rrequest_slots\x18\x08 \x01(\r\x12\x17\n\x0f\x61llocated_slots\x18\t \x01(\r\x12\x10\n\x08\x63overage\x18\n \x01(\x01\x12,\n\x08requests\x18\x0b \x03(\x0b\x32\x1a.dhisparse.v1.RequestPages\x12\r\n\x05\x61live\x18\x0c \x01(\x08\"Z\n\x10GetStateResponse\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.dhisparse.v1.WorkerState\x12\x1a\n\x12waiting_admissions\x18\x02 \x01(\r2\x85\x03\n\tResidency\x12[\n\x0eRegisterWorker\x12#.dhisparse.v1.RegisterWorkerRequest\x1a$.dhisparse.v1.RegisterWorkerResponse\x12@\n\x05\x41\x64mit\x12\x1a.dhisparse.v1.AdmitRequest\x1a\x1b.dhisparse.v1.AdmitResponse\x12\x46\n\x07Release\x12\x1c.dhisparse.v1.ReleaseRequest\x1a\x1d.dhisparse.v1.ReleaseResponse\x12\x46\n\x07Session\x12\x1a.dhisparse.v1.WorkerReport\x1a\x1b.dhisparse.v1.WorkerCommand(\x01\x30\x01\x12I\n\x08GetState\x12\x1d.dhisparse.v1.GetStateRequest\x1a\x1e.dhisparse.v1.GetStateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64hisparse/v1/residency.proto\x12\x0c\x64hisparse.v1\"\xd6\x01\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61pacity_pages\x18\x03 \x01(\x03\x12\x15\n\rreserve_pages\x18\x04 \x01(\x03\x12\x11\n\tpage_rows\x18\x05 \x01(\r\x12\x12\n\npage_bytes\x18\x06 \x01(\x04\x12\x15\n\rrequest_slots\x18\x07 \x01(\r\x12,\n\x08requests\x18\x08 \x03(\x0b\x32\x1a.dhisparse.v1.RequestPages\"q\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1b\n\x13heartbeat_timeout_s\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x18\n\x10\x61\x64opted_requests\x18\x04 \x01(\r\"d\n\x0c\x41\x64mitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x16\n\x0erequired_pages\x18\x03 \x01(\x03\x12\x15\n\rhistory_pages\x18\x04 \x01(\x03\"\xb0\x01\n\rAdmitResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\x16\n\x0erequired_pages\x18\x04 \x01(\x03\x12\x16\n\x0eoptional_pages\x18\x05 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x06 \x01(\x01\x12\x1a\n\x12reclaimed_requests\x18\x07 \x03(\t\"7\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"&\n\x0fReleaseResponse\x12\x13\n\x0b\x66reed_pages\x18\x01 \x01(\x03\"\xb9\x01\n\x0cRequestPages\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0erequired_pages\x18\x02 \x01(\x03\x12\x16\n\x0eoptional_pages\x18\x03 \x01(\x03\x12\x13\n\x0bready_pages\x18\x04 \x01(\x03\x12\x15\n\rhistory_pages\x18\x05 \x01(\x03\x12\x14\n\x0c\x62\x61\x63ked_pages\x18\x06 \x01(\x03\x12\x0f\n\x07pending\x18\x07 \x01(\t\x12\x12\n\nreclaiming\x18\x08 \x01(\x08\"J\n\nCommandAck\x12\x12\n\ncommand_id\x18\x01 \x01(\x04\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\r\n\x05pages\x18\x04 \x01(\x03\"\xa2\x01\n\x0cWorkerReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x32\n\x05hello\x18\x02 \x01(\x0b\x32#.dhisparse.v1.RegisterWorkerRequest\x12&\n\x04\x61\x63ks\x18\x03 \x03(\x0b\x32\x18.dhisparse.v1.CommandAck\x12\x11\n\theartbeat\x18\x04 \x01(\x08\x12\x10\n\x08released\x18\x05 \x03(\t\"\xbb\x01\n\rWorkerCommand\x12\x12\n\ncommand_id\x18\x01 \x01(\x04\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12&\n\x06\x62\x61\x63kup\x18\x03 \x01(\x0b\x32\x14.dhisparse.v1.BackupH\x00\x12&\n\x06retire\x18\x04 \x01(\x0b\x32\x14.dhisparse.v1.RetireH\x00\x12*\n\x08populate\x18\x05 \x01(\x0b\x32\x16.dhisparse.v1.PopulateH\x00\x42\x06\n\x04kind\"\x17\n\x06\x42\x61\x63kup\x12\r\n\x05pages\x18\x01 \x01(\x03\"\x17\n\x06Retire\x12\r\n\x05pages\x18\x01 \x01(\x03\"\x19\n\x08Populate\x12\r\n\x05pages\x18\x01 \x01(\x03\">\n\x0fGetStateRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x18\n\x10include_requests\x18\x02 \x01(\x08\"\xa2\x03\n\x0bWorkerState\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61pacity_pages\x18\x03 \x01(\x03\x12\x15\n\rreserve_pages\x18\x04 \x01(\x03\x12\x16\n\x0erequired_pages\x18\x05 \x01(\x03\x12\x16\n\x0eoptional_pages\x18\x06 \x01(\x03\x12\x12\n\nfree_pages\x18\x07 \x01(\x03\x12\x15\n\rrequest_slots\x18\x08 \x01(\r\x12\x17\n\x0f\x61llocated_slots\x18\t \x01(\r\x12\x10\n\x08\x63overage\x18\n \x01(\x01\x12,\n\x08requests\x18\x0b \x03(\x0b\x32\x1a.dhisparse.v1.RequestPages\x12\r\n\x05\x61live\x18\x0c \x01(\x08\x12\x13\n\x0bready_pages\x18\r \x01(\x03\x12\x15\n\rhistory_pages\x18\x0e \x01(\x03\x12\x1d\n\x15reclaimed_pages_total\x18\x0f \x01(\x04\x12\x1d\n\x15populated_pages_total\x18\x10 \x01(\x04\x12\x13\n\x0blast_seen_s\x18\x11 \x01(\x01\"\x90\x01\n\x10GetStateResponse\x12*\n\x07workers\x18\x01 \x03(\x0b\x32\x19.dhisparse.v1.WorkerState\x12\x1a\n\x12waiting_admissions\x18\x02 \x01(\r\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x15\n\rreclaim_order\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x32\x85\x03\n\tResidency\x12[\n\x0eRegisterWorker\x12#.dhisparse.v1.RegisterWorkerRequest\x1a$.dhisparse.v1.RegisterWorkerResponse\x12@\n\x05\x41\x64mit\x12\x1a.dhisparse.v1.AdmitRequest\x1a\x1b.dhisparse.v1.AdmitResponse\x12\x46\n\x07Release\x12\x1c.dhisparse.v1.ReleaseRequest\x1a\x1d.dhisparse.v1.ReleaseResponse\x12\x46\n\x07Session\x12\x1a.dhisparse.v1.WorkerReport\x1a\x1b.dhisparse.v1.WorkerCommand(\x01\x30\x01\x12I\n\x08GetState\x12\x1d.dhisparse.v1.GetStateRequest\x1a\x1e.dhisparse.v1.GetStateResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,37 +33,37 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dhisparse.v1.residency_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REGISTERWORKERREQUEST']._serialized_start=47
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=215
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=217
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=304
-  _globals['_ADMITREQUEST']._serialized_start=306
-  _globals['_ADMITREQUEST']._serialized_end=406
-  _globals['_ADMITRESPONSE']._serialized_start=409
-  _globals['_ADMITRESPONSE']._serialized_end=585
-  _globals['_RELEASEREQUEST']._serialized_start=587
-  _globals['_RELEASEREQUEST']._serialized_end=642
-  _globals['_RELEASERESPONSE']._serialized_start=644
-  _globals['_RELEASERESPONSE']._serialized_end=682
-  _globals['_REQUESTPAGES']._serialized_start=685
-  _globals['_REQUESTPAGES']._serialized_end=827
-  _globals['_COMMANDACK']._serialized_start=829
-  _globals['_COMMANDACK']._serialized_end=903
-  _globals['_WORKERREPORT']._serialized_start=906
-  _globals['_WORKERREPORT']._serialized_end=1106
-  _globals['_WORKERCOMMAND']._serialized_start=1109
-  _globals['_WORKERCOMMAND']._serialized_end=1296
-  _globals['_BACKUP']._serialized_start=1298
-  _globals['_BACKUP']._serialized_end=1321
-  _globals['_RETIRE']._serialized_start=1323
-  _globals['_RETIRE']._serialized_end=1346
-  _globals['_POPULATE']._serialized_start=1348
-  _globals['_POPULATE']._serialized_end=1373
-  _globals['_GETSTATEREQUEST']._serialized_start=1375
-  _globals['_GETSTATEREQUEST']._serialized_end=1392
-  _globals['_WORKERSTATE']._serialized_start=1395
-  _globals['_WORKERSTATE']._serialized_end=1686
-  _globals['_GETSTATERESPONSE']._serialized_start=1688
-  _globals['_GETSTATERESPONSE']._serialized_end=1778
-  _globals['_RESIDENCY']._serialized_start=1781
-  _globals['_RESIDENCY']._serialized_end=2170
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=261
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=263
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=376
+  _globals['_ADMITREQUEST']._serialized_start=378
+  _globals['_ADMITREQUEST']._serialized_end=478
+  _globals['_ADMITRESPONSE']._serialized_start=481
+  _globals['_ADMITRESPONSE']._serialized_end=657
+  _globals['_RELEASEREQUEST']._serialized_start=659
+  _globals['_RELEASEREQUEST']._serialized_end=714
+  _globals['_RELEASERESPONSE']._serialized_start=716
+  _globals['_RELEASERESPONSE']._serialized_end=754
+  _globals['_REQUESTPAGES']._serialized_start=757
+  _globals['_REQUESTPAGES']._serialized_end=942
+  _globals['_COMMANDACK']._serialized_start=944
+  _globals['_COMMANDACK']._serialized_end=1018
+  _globals['_WORKERREPORT']._serialized_start=1021
+  _globals['_WORKERREPORT']._serialized_end=1183
+  _globals['_WORKERCOMMAND']._serialized_start=1186
+  _globals['_WORKERCOMMAND']._serialized_end=1373
+  _globals['_BACKUP']._serialized_start=1375
+  _globals['_BACKUP']._serialized_end=1398
+  _globals['_RETIRE']._serialized_start=1400
+  _globals['_RETIRE']._serialized_end=1423
+  _globals['_POPULATE']._serialized_start=1425
+  _globals['_POPULATE']._serialized_end=1450
+  _globals['_GETSTATEREQUEST']._serialized_start=1452
+  _globals['_GETSTATEREQUEST']._serialized_end=1514
+  _globals['_WORKERSTATE']._serialized_start=1517
+  _globals['_WORKERSTATE']._serialized_end=1935
+  _globals['_GETSTATERESPONSE']._serialized_start=1938
+  _globals['_GETSTATERESPONSE']._serialized_end=2082
+  _globals['_RESIDENCY']._serialized_start=2085
+  _globals['_RESIDENCY']._serialized_end=2474
 # @@protoc_insertion_point(module_scope)

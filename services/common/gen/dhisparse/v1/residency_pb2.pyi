@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "capacity_pages", "reserve_pages", "page_rows", "page_bytes", "request_slots")
+    __slots__ = ("worker_id", "address", "capacity_pages", "reserve_pages", "page_rows", "page_bytes", "request_slots", "requests")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class RegisterWorkerRequest(_message.Message):
     PAGE_ROWS_FIELD_NUMBER: _ClassVar[int]
     PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     capacity_pages: int
@@ -23,17 +24,20 @@ class RegisterWorkerRequest(_message.Message):
     page_rows: int
     page_bytes: int
     request_slots: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., reserve_pages: _Optional[int] = ..., page_rows: _Optional[int] = ..., page_bytes: _Optional[int] = ..., request_slots: _Optional[int] = ...) -> None: ...
+    requests: _containers.RepeatedCompositeFieldContainer[RequestPages]
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., reserve_pages: _Optional[int] = ..., page_rows: _Optional[int] = ..., page_bytes: _Optional[int] = ..., request_slots: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestPages, _Mapping]]] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
-    __slots__ = ("worker_id", "heartbeat_timeout_s", "epoch")
+    __slots__ = ("worker_id", "heartbeat_timeout_s", "epoch", "adopted_requests")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ADOPTED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     heartbeat_timeout_s: float
     epoch: int
-    def __init__(self, worker_id: _Optional[str] = ..., heartbeat_timeout_s: _Optional[float] = ..., epoch: _Optional[int] = ...) -> None: ...
+    adopted_requests: int
+    def __init__(self, worker_id: _Optional[str] = ..., heartbeat_timeout_s: _Optional[float] = ..., epoch: _Optional[int] = ..., adopted_requests: _Optional[int] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
     __slots__ = ("request_id", "worker_id", "required_pages", "history_pages")
@@ -80,20 +84,24 @@ class ReleaseResponse(_message.Message):
     def __init__(self, freed_pages: _Optional[int] = ...) -> None: ...
 
 class RequestPages(_message.Message):
-    __slots__ = ("request_id", "required_pages", "optional_pages", "ready_pages", "history_pages", "backed")
+    __slots__ = ("request_id", "required_pages", "optional_pages", "ready_pages", "history_pages", "backed_pages", "pending", "reclaiming")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REQUIRED_PAGES_FIELD_NUMBER: _ClassVar[int]
     OPTIONAL_PAGES_FIELD_NUMBER: _ClassVar[int]
     READY_PAGES_FIELD_NUMBER: _ClassVar[int]
     HISTORY_PAGES_FIELD_NUMBER: _ClassVar[int]
-    BACKED_FIELD_NUMBER: _ClassVar[int]
+    BACKED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     required_pages: int
     optional_pages: int
     ready_pages: int
     history_pages: int
-    backed: bool
-    def __init__(self, request_id: _Optional[str] = ..., required_pages: _Optional[int] = ..., optional_pages: _Optional[int] = ..., ready_pages: _Optional[int] = ..., history_pages: _Optional[int] = ..., backed: _Optional[bool] = ...) -> None: ...
+    backed_pages: int
+    pending: str
+    reclaiming: bool
+    def __init__(self, request_id: _Optional[str] = ..., required_pages: _Optional[int] = ..., optional_pages: _Optional[int] = ..., ready_pages: _Optional[int] = ..., history_pages: _Optional[int] = ..., backed_pages: _Optional[int] = ..., pending: _Optional[str] = ..., reclaiming: _Optional[bool] = ...) -> None: ...
 
 class CommandAck(_message.Message):
     __slots__ = ("command_id", "ok", "error", "pages")
@@ -108,22 +116,18 @@ class CommandAck(_message.Message):
     def __init__(self, command_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., pages: _Optional[int] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
-    __slots__ = ("worker_id", "epoch", "capacity_pages", "reserve_pages", "requests", "acks", "heartbeat")
+    __slots__ = ("worker_id", "hello", "acks", "heartbeat", "released")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    CAPACITY_PAGES_FIELD_NUMBER: _ClassVar[int]
-    RESERVE_PAGES_FIELD_NUMBER: _ClassVar[int]
-    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
-    epoch: int
-    capacity_pages: int
-    reserve_pages: int
-    requests: _containers.RepeatedCompositeFieldContainer[RequestPages]
+    hello: RegisterWorkerRequest
     acks: _containers.RepeatedCompositeFieldContainer[CommandAck]
     heartbeat: bool
-    def __init__(self, worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., capacity_pages: _Optional[int] = ..., reserve_pages: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestPages, _Mapping]]] = ..., acks: _Optional[_Iterable[_Union[CommandAck, _Mapping]]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+    released: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., hello: _Optional[_Union[RegisterWorkerRequest, _Mapping]] = ..., acks: _Optional[_Iterable[_Union[CommandAck, _Mapping]]] = ..., heartbeat: _Optional[bool] = ..., released: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WorkerCommand(_message.Message):
     __slots__ = ("command_id", "request_id", "backup", "retire", "populate")
@@ -158,11 +162,15 @@ class Populate(_message.Message):
     def __init__(self, pages: _Optional[int] = ...) -> None: ...
 
 class GetStateRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("worker_id", "include_requests")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    include_requests: bool
+    def __init__(self, worker_id: _Optional[str] = ..., include_requests: _Optional[bool] = ...) -> None: ...
 
 class WorkerState(_message.Message):
-    __slots__ = ("worker_id", "address", "capacity_pages", "reserve_pages", "required_pages", "optional_pages", "free_pages", "request_slots", "allocated_slots", "coverage", "requests", "alive")
+    __slots__ = ("worker_id", "address", "capacity_pages", "reserve_pages", "required_pages", "optional_pages", "free_pages", "request_slots", "allocated_slots", "coverage", "requests", "alive", "ready_pages", "history_pages", "reclaimed_pages_total", "populated_pages_total", "last_seen_s")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +183,11 @@ class WorkerState(_message.Message):
     COVERAGE_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
+    READY_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_PAGES_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMED_PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    POPULATED_PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     capacity_pages: int
@@ -187,12 +200,23 @@ class WorkerState(_message.Message):
     coverage: float
     requests: _containers.RepeatedCompositeFieldContainer[RequestPages]
     alive: bool
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., reserve_pages: _Optional[int] = ..., required_pages: _Optional[int] = ..., optional_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., request_slots: _Optional[int] = ..., allocated_slots: _Optional[int] = ..., coverage: _Optional[float] = ..., requests: _Optional[_Iterable[_Union[RequestPages, _Mapping]]] = ..., alive: _Optional[bool] = ...) -> None: ...
+    ready_pages: int
+    history_pages: int
+    reclaimed_pages_total: int
+    populated_pages_total: int
+    last_seen_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., reserve_pages: _Optional[int] = ..., required_pages: _Optional[int] = ..., optional_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., request_slots: _Optional[int] = ..., allocated_slots: _Optional[int] = ..., coverage: _Optional[float] = ..., requests: _Optional[_Iterable[_Union[RequestPages, _Mapping]]] = ..., alive: _Optional[bool] = ..., ready_pages: _Optional[int] = ..., history_pages: _Optional[int] = ..., reclaimed_pages_total: _Optional[int] = ..., populated_pages_total: _Optional[int] = ..., last_seen_s: _Optional[float] = ...) -> None: ...
 
 class GetStateResponse(_message.Message):
-    __slots__ = ("workers", "waiting_admissions")
+    __slots__ = ("workers", "waiting_admissions", "policy", "reclaim_order", "epoch")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     WAITING_ADMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_ORDER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerState]
     waiting_admissions: int
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ..., waiting_admissions: _Optional[int] = ...) -> None: ...
+    policy: str
+    reclaim_order: str
+    epoch: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ..., waiting_admissions: _Optional[int] = ..., policy: _Optional[str] = ..., reclaim_order: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...

@@ -66,26 +66,34 @@ class ResidencyServicer:
     """Missing associated documentation comment in .proto file."""
 
     def RegisterWorker(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Register (or re-register) a worker; idempotent for an identical pool. The requests
+        it reports are adopted: that is how a restarted controller rebuilds its soft state.
+        A different pool under the same worker_id is ALREADY_EXISTS.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Admit(self, request, context):
-        """Grant required pages to a request; may wait (FIFO) up to the call's deadline.
+        """Grant required pages to a request. Waits in FIFO order, up to the call's deadline
+        (DEADLINE_EXCEEDED, nothing held) or until the caller cancels.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The request finished: its required and optional pages and its slot are free.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Session(self, request_iterator, context):
-        """Worker reports up (capacity, per-request pages, acks, heartbeats); commands down.
+        """One per worker. Up: a hello first (the registration, with its requests), then acks,
+        heartbeats and releases. Down: Backup / Retire / Populate commands; unacknowledged
+        commands are re-sent when the session reconnects. Missing heartbeats for
+        heartbeat_timeout_s drop the worker and free its ledger.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
