@@ -4,11 +4,13 @@
 
     slot i:  [ i·R_d ............................ (i+1)·R_d )
                    ^ φ(i, t) = i·R_d + (t mod R_d)
-    live positions of slot i:  max(0, high − R_d) <= t < frontier
+    live positions of slot i:  max(base, high − R_d) <= t < frontier
 
 ``frontier`` is the next position to write (rows below it are the drafter's state);
 ``high`` is the highest position ever written + 1, so rows older than ``high − R_d`` are
-known overwritten. Rollback sets ``frontier`` back (no copy, no allocation, no free). With
+known overwritten; ``base`` is where the slot's history starts (``jump``: a drafter that
+catches up on a long prompt starts near its end instead of at position 0). Rollback sets
+``frontier`` back (no copy, no allocation, no free). With
 ``R_d >= W + K_max`` (eq. 9), a round writing at most ``K_max`` rows past the committed
 frontier never overwrites a row of the window ``[t − W + 1, t]`` it reads.
 """
@@ -35,6 +37,7 @@ class DraftRing:
                                    device=device)
         self._frontier = [0] * slots
         self._high = [0] * slots
+        self._base = [0] * slots
 
     # -- addressing ---------------------------------------------------------------------
     def address(self, slot: int, t: torch.Tensor | int) -> torch.Tensor | int:
@@ -44,18 +47,18 @@ class DraftRing:
     def frontier(self, slot: int) -> int:
         return self._frontier[self._check_slot(slot)]
 
-    def pointer_state(self, slot: int) -> tuple[int, int]:
-        """``(frontier, high)`` of ``slot``."""
-        return self._frontier[self._check_slot(slot)], self._high[slot]
+    def pointer_state(self, slot: int) -> tuple[int, int, int]:
+        """``(frontier, high, base)`` of ``slot``."""
+        return self._frontier[self._check_slot(slot)], self._high[slot], self._base[slot]
 
     def live(self, slot: int) -> range:
         """Positions whose rows are readable now."""
-        f, h = self.pointer_state(slot)
-        return range(min(f, max(0, h - self.rows_per_slot)), f)
+        f, h, b = self.pointer_state(slot)
+        return range(min(f, max(b, h - self.rows_per_slot)), f)
 
-    def window_positions(self, t: int) -> range:
-        """Positions the drafter reads at position ``t``: ``max(0, t − W + 1) .. t``."""
-        return range(max(0, t - self.window + 1), t + 1)
+    def window_positions(self, slot: int, t: int) -> range:
+        """Positions read at position ``t``: ``max(base, t − W + 1) .. t``."""
+        return range(max(self._base[self._check_slot(slot)], t - self.window + 1), t + 1)
 
     # -- state changes ------------------------------------------------------------------
     def write(self, slot: int, start: int, rows: torch.Tensor) -> None:
@@ -66,8 +69,9 @@ class DraftRing:
         """
         f = self.frontier(slot)
         c = int(rows.shape[0])
-        if start < 0 or start > f:
-            raise InvalidArgument(f"start={start} must be in 0..frontier={f}")
+        if start < self._base[slot] or start > f:
+            raise InvalidArgument(f"start={start} must be in base={self._base[slot]}.."
+                                  f"frontier={f}")
         if c > self.rows_per_slot - self.window:
             raise InvalidArgument(f"rows={c} must be <= R_d - W = "
                                   f"{self.rows_per_slot - self.window}")
@@ -87,13 +91,16 @@ class DraftRing:
 
     def rollback(self, slot: int, n: int) -> None:
         """Keep positions ``< n`` (the committed prefix): ``frontier = min(frontier, n)``."""
-        if n < 0:
-            raise InvalidArgument(f"n={n} must be >= 0")
-        self._frontier[self._check_slot(slot)] = min(self._frontier[slot], n)
+        if n < self._base[self._check_slot(slot)]:
+            raise InvalidArgument(f"n={n} must be >= base={self._base[slot]}")
+        self._frontier[slot] = min(self._frontier[slot], n)
 
-    def reset(self, slot: int) -> None:
-        """Free the slot for a new request (pointers only)."""
-        self._frontier[self._check_slot(slot)] = self._high[slot] = 0
+    def reset(self, slot: int, base: int = 0) -> None:
+        """Start the slot's history at position ``base`` (pointers only; no free)."""
+        if base < 0:
+            raise InvalidArgument(f"base={base} must be >= 0")
+        self._check_slot(slot)
+        self._frontier[slot] = self._high[slot] = self._base[slot] = base
 
     def _check_slot(self, slot: int) -> int:
         if not 0 <= slot < self.slots:
