@@ -51,10 +51,11 @@ class Harness:
         return torch.randint(0, 256, shape, dtype=torch.uint8, generator=self.gen)
 
     def admit(self, rid: str, max_rows: int, imported: int):
-        for layer in range(self.layers):
-            self.truth[(rid, layer)] = self.random_rows(max_rows)
-        history = [self.truth[(rid, layer)][:imported] for layer in range(self.layers)]
-        return admit(self.group, rid, max_rows, history)
+        rows = [self.random_rows(max_rows) for _ in range(self.layers)]
+        state = admit(self.group, rid, max_rows, [r[:imported] for r in rows])
+        for layer, r in enumerate(rows):  # only once admitted: a failure changes nothing
+            self.truth[(rid, layer)] = r
+        return state
 
     def open(self, rid: str, count: int) -> torch.Tensor:
         """Open ``count`` rows and write fresh bytes for them in every layer (like a forward)."""

@@ -1,0 +1,295 @@
+"""Random operation sequences on tiny configs; every invariant after every step.
+
+Each rule predicts whether the operation must succeed or fail; a failure must leave the
+state unchanged (snapshot). Exactness is checked bit for bit against the resident copy:
+for every resolve's locations right after its copies, and for all device/host state
+after every step (``Harness.check`` -> ``assert_all``).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from services.common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+)
+from services.decode.hierarchy import (
+    apply_copies,
+    backup,
+    can_admit,
+    commit_rows,
+    populate,
+    release,
+    release_staging,
+    retire,
+)
+from services.decode.hierarchy.invariants import assert_exact
+from tests.hierarchy.harness import Harness, assert_same, snapshot
+
+NAMES = ("a", "b", "c")
+
+
+class HierarchyMachine(RuleBasedStateMachine):
+    device = "cpu"
+    policy = "adaptive"
+    layers = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = Harness(
+            self.device, policy=self.policy, layers=self.layers, num_pages=16, page_rows=4,
+            hot_slots=3, tail_rows=7, reserve_pages=1, staging_rows=6, max_requests=3,
+        )
+        self.g = self.h.group
+        self.pending = None  # (plan, selections) not yet applied to every layer
+        self.favorites: dict[str, list[int]] = {}
+
+    # -- helpers ----------------------------------------------------------------------------
+    def live(self) -> list[str]:
+        return list(self.g.requests)
+
+    def fails(self, exc: type[Exception], fn, *args) -> None:
+        before = snapshot(self.h)
+        with pytest.raises(exc):
+            fn(*args)
+        assert_same(before, snapshot(self.h))
+
+    def working_set(self, rid: str, rng: random.Random) -> list[int]:
+        rows = self.favorites.setdefault(rid, [])
+        hi = self.g.request(rid).tail_hi
+        if hi and (len(rows) < 4 or rng.random() < 0.3):
+            rows.append(rng.randrange(hi))
+            del rows[:-5]
+        return rows
+
+    def unbacked(self, rid: str, pages: list[int]) -> bool:
+        backed, p = self.g.backed_mask(self.g.request(rid)), self.h.config.page_rows
+        return any(not bool(backed[g * p : g * p + p].all()) for g in pages)
+
+    # -- rules ------------------------------------------------------------------------------
+    @rule(rid=st.sampled_from(NAMES), max_rows=st.integers(4, 28), imported=st.integers(0, 28))
+    def admit(self, rid: str, max_rows: int, imported: int) -> None:
+        imported = min(imported, max_rows)
+        if rid in self.g.requests:
+            self.fails(AlreadyExists, self.h.admit, rid, max_rows, imported)
+        elif not can_admit(self.g, imported):
+            self.fails(ResourceExhausted, self.h.admit, rid, max_rows, imported)
+        else:
+            self.favorites.pop(rid, None)
+            self.h.admit(rid, max_rows, imported)
+
+    @precondition(lambda self: self.g.requests)
+    @rule(data=st.data(), count=st.integers(1, 3))
+    def open(self, data: st.DataObject, count: int) -> None:
+        rid = data.draw(st.sampled_from(self.live()))
+        s = self.g.request(rid)
+        if s.tail_hi + count > s.max_rows:
+            self.fails(InvalidArgument, self.h.open, rid, count)
+        elif s.tail_hi + count - s.tail_lo > self.h.config.tail_rows:
+            self.fails(ResourceExhausted, self.h.open, rid, count)
+        else:
+            self.h.open(rid, count)
+
+    @precondition(lambda self: self.g.requests)
+    @rule(
+        data=st.data(),
+        k_queries=st.integers(1, 3),
+        k=st.integers(1, 4),
+        seed=st.integers(0, 2**16),
+        overlap=st.booleans(),
+        apply_now=st.booleans(),
+    )
+    def resolve(self, data, k_queries: int, k: int, seed: int, overlap: bool, apply_now: bool):
+        rids = data.draw(st.lists(st.sampled_from(self.live()), min_size=1, unique=True))
+        self.resolve_batch(rids, k_queries, k, seed, overlap, apply_now)
+
+    @precondition(lambda self: self.g.requests)
+    @rule(data=st.data(), k_queries=st.integers(1, 3), k=st.integers(1, 4),
+          seed=st.integers(0, 2**16), accepted=st.integers(0, 2))
+    def decode_round(self, data, k_queries: int, k: int, seed: int, accepted: int) -> None:
+        """The engine's round: open K rows, resolve K queries, fence, commit, back up."""
+        rid = data.draw(st.sampled_from(self.live()))
+        s = self.g.request(rid)
+        k_queries = min(k_queries, s.max_rows - s.tail_hi)
+        if k_queries <= 0 or s.tail_hi + k_queries - s.tail_lo > self.h.config.tail_rows:
+            return
+        self.apply_pending()
+        self.h.open(rid, k_queries)
+        self.resolve_batch([rid], k_queries, k, seed, True, True)
+        self.g.readers_finished()
+        release_staging(self.g)
+        commit = min(s.committed + 1 + accepted, s.tail_hi)
+        if self.policy != "resident" or self.g.pages.can_allocate(commit // 4 - s.tail_lo // 4):
+            commit_rows(self.g, rid, commit)
+            if self.policy != "resident":
+                backup(self.g, rid)
+
+    def resolve_batch(self, rids, k_queries: int, k: int, seed: int, overlap: bool,
+                      apply_now: bool) -> None:
+        vis = self.h.causal_bounds(rids, k_queries)
+        rng = random.Random(seed)
+        sel = []
+        for b, rid in enumerate(rids):
+            hi = int(vis[b].max())
+            # overlap: rows from a small per-request working set (hot hits, shared rows)
+            pool = [r for r in self.working_set(rid, rng) if r < hi]
+            rows = []
+            for j in range(k_queries):
+                bound = int(vis[b, j])
+                choices = [r for r in pool if r < bound] if overlap else []
+                rows.append([
+                    -1 if bound == 0 or rng.random() < 0.15
+                    else rng.choice(choices) if choices else rng.randrange(bound)
+                    for _ in range(k)
+                ])
+            sel.append(rows)
+        sel_t = self.h.tensor(sel)
+        if self.pending is not None:
+            self.fails(FailedPrecondition, self.h.resolve, rids, sel_t, vis, False)
+            return
+        before = snapshot(self.h)
+        try:
+            plan = self.h.resolve(rids, sel_t, vis, apply=False)
+        except ResourceExhausted as exc:
+            assert "staging" in str(exc)
+            assert_same(before, snapshot(self.h))
+            return
+        self.pending = (plan, sel_t) if plan.copy_rows.numel() else None
+        if apply_now or self.pending is None:
+            self.apply_pending()
+
+    @precondition(lambda self: self.pending is not None)
+    @rule()
+    def apply_pending(self) -> None:
+        if self.pending is not None:
+            plan, sel = self.pending
+            for layer in sorted(self.g.pending_layers):
+                apply_copies(self.g, plan, layer)
+            assert_exact(self.g, self.h.truth, plan, sel)
+            self.pending = None
+
+    @rule()
+    def fence(self) -> None:
+        self.g.readers_finished()
+
+    @rule()
+    def staging_release(self) -> None:
+        if self.pending is not None or self.g.staging.max_epoch > self.g.finished_epoch:
+            self.fails(FailedPrecondition, release_staging, self.g)
+        else:
+            release_staging(self.g)
+            assert not self.g.staging.staged
+
+    @precondition(lambda self: self.g.requests)
+    @rule(data=st.data())
+    def commit(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(self.live()))
+        s = self.g.request(rid)
+        committed = data.draw(st.integers(s.committed, s.tail_hi))
+        first, last = s.tail_lo // 4, committed // 4
+        if self.policy == "resident" and not self.g.pages.can_allocate(last - first):
+            self.fails(ResourceExhausted, commit_rows, self.g, rid, committed)
+        else:
+            commit_rows(self.g, rid, committed)
+
+    @precondition(lambda self: self.g.requests)
+    @rule(data=st.data(), max_pages=st.one_of(st.none(), st.integers(1, 2)))
+    def backup(self, data: st.DataObject, max_pages: int | None) -> None:
+        rid = data.draw(st.sampled_from(self.live()))
+        if self.policy == "resident":
+            self.fails(FailedPrecondition, backup, self.g, rid, max_pages)
+        else:
+            backup(self.g, rid, max_pages)
+
+    @precondition(lambda self: self.g.requests)
+    @rule(data=st.data())
+    def retire(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(self.live()))
+        s = self.g.request(rid)
+        optional = s.optional_logical_pages()
+        pages = data.draw(st.lists(st.sampled_from(optional), unique=True)) if optional else []
+        if self.g.readers_pending(s) or self.unbacked(rid, pages):
+            self.fails(FailedPrecondition, retire, self.g, rid, pages)
+        else:
+            assert retire(self.g, rid, pages) == len(pages)
+
+    @precondition(lambda self: self.g.requests and self.policy != "resident")
+    @rule(data=st.data())
+    def reclaim(self, data: st.DataObject) -> None:
+        """The residency controller's path: backup, wait for readers, retire everything."""
+        rid = data.draw(st.sampled_from(self.live()))
+        backup(self.g, rid)
+        self.apply_pending()
+        self.g.readers_finished()
+        optional = self.g.request(rid).optional_logical_pages()
+        assert retire(self.g, rid) == len(optional)
+        assert not self.g.request(rid).optional_logical_pages()
+
+    @precondition(lambda self: self.g.requests)
+    @rule(data=st.data(), max_pages=st.integers(1, 3))
+    def populate(self, data: st.DataObject, max_pages: int) -> None:
+        rid = data.draw(st.sampled_from(self.live()))
+        if self.policy != "adaptive":
+            self.fails(FailedPrecondition, populate, self.g, rid, max_pages)
+            return
+        s = self.g.request(rid)
+        missing = sum(1 for g in range(s.eligible_pages) if int(s.page_map[g]) < 0)
+        want = min(max_pages, missing, self.g.pages.available)
+        assert populate(self.g, rid, max_pages) == want
+
+    @precondition(lambda self: self.g.requests)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(self.live()))
+        if self.g.readers_pending(self.g.request(rid)) or self.pending is not None:
+            self.fails(FailedPrecondition, release, self.g, rid)
+        else:
+            release(self.g, rid)
+
+    @invariant()
+    def every_invariant_holds(self) -> None:
+        self.h.check()
+
+    def teardown(self) -> None:
+        # drain: everything released must give back every page, slot and history
+        self.apply_pending()
+        self.g.readers_finished()
+        release_staging(self.g)
+        for rid in self.live():
+            release(self.g, rid)
+        counts = self.g.pages.counts()
+        assert counts["free"] == self.h.config.num_pages, counts
+        assert not self.h.provider.histories
+        self.h.check()
+
+
+@pytest.mark.parametrize(
+    ("policy", "layers"), [("adaptive", 2), ("hisparse", 1), ("resident", 2)]
+)
+def test_random_operation_sequences(device: str, policy: str, layers: int) -> None:
+    machine = type(
+        f"Machine_{policy}", (HierarchyMachine,),
+        {"device": device, "policy": policy, "layers": layers},
+    )
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=100, stateful_step_count=40, deadline=None,
+            suppress_health_check=list(HealthCheck), derandomize=False,
+        ),
+    )
+
