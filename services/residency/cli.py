@@ -1,0 +1,103 @@
+"""Command bodies the ``dhisparse`` CLI wires in: ``dhisparse residency``,
+``dhisparse status`` and ``dhisparse bench residency``. Unset flags fall back to
+``DHISPARSE_*`` variables, then defaults."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from services.common.errors import ConfigError
+
+DEFAULT_ADDRESS = "127.0.0.1:50052"
+
+
+def _opt(flag: str, help_text: str, env: str) -> typer.models.OptionInfo:
+    return typer.Option(None, flag, help=help_text, envvar=f"DHISPARSE_{env}",
+                        show_default=False)
+
+
+def command(
+    host: str | None = _opt("--host", "Bind address (default 127.0.0.1).", "HOST"),
+    port: int | None = _opt("--port", "gRPC port, 0 = any free port (default 50052).", "PORT"),
+    metrics_port: int | None = _opt("--metrics-port", "Prometheus /metrics port.",
+                                    "METRICS_PORT"),
+    policy: str | None = _opt("--policy", "whole-request (paper eq. 4) or elastic.", "POLICY"),
+    reclaim_order: str | None = _opt(
+        "--reclaim-order", "backed-largest (default), largest, oldest or newest.",
+        "RECLAIM_ORDER"),
+    populate_pages: int | None = _opt("--populate-pages", "Pages per Populate (default 16).",
+                                      "POPULATE_PAGES"),
+    populate_inflight: int | None = _opt("--populate-inflight",
+                                         "Populates in flight per worker (default 2).",
+                                         "POPULATE_INFLIGHT"),
+    alpha_min: float | None = _opt("--alpha-min", "Elastic policy: lowest alpha (0.1).",
+                                   "ALPHA_MIN"),
+    base_pages: int | None = _opt("--base-pages", "Elastic policy: C_base in pages (1).",
+                                  "BASE_PAGES"),
+    request_slots: int | None = _opt("--request-slots",
+                                     "Slots of a worker that registers with 0 (256).",
+                                     "REQUEST_SLOTS"),
+    heartbeat_timeout_seconds: float | None = _opt(
+        "--heartbeat-timeout-seconds", "Silence after which a worker is dropped (10).",
+        "HEARTBEAT_TIMEOUT_SECONDS"),
+    token: str | None = _opt("--token", "Shared bearer token.", "TOKEN"),
+    tls_cert: str | None = _opt("--tls-cert", "TLS certificate (PEM).", "TLS_CERT"),
+    tls_key: str | None = _opt("--tls-key", "TLS key (PEM).", "TLS_KEY"),
+    log_level: str | None = _opt("--log-level", "DEBUG, INFO, WARNING, ERROR.", "LOG_LEVEL"),
+    log_json: bool | None = typer.Option(None, "--log-json/--log-text",
+                                         envvar="DHISPARSE_LOG_JSON", help="JSON log lines."),
+    port_file: str | None = _opt("--port-file", "Write the bound gRPC port here.",
+                                 "PORT_FILE"),
+) -> None:
+    """Run the residency controller (one per cluster, soft state)."""
+    from services.residency.config import ResidencyConfig
+    from services.residency.server import main
+
+    overrides = {k: v for k, v in locals().items() if k not in ("ResidencyConfig", "main")}
+    try:
+        config = ResidencyConfig.load(overrides)
+    except ConfigError as e:
+        typer.echo(f"dhisparse residency: {e}", err=True)
+        raise typer.Exit(code=2) from None
+    main(config)
+
+
+def status_command(
+    address: str = typer.Option(DEFAULT_ADDRESS, "--address",
+                                envvar="DHISPARSE_RESIDENCY_ADDRESS",
+                                help="host:port of the residency controller."),
+    requests: bool = typer.Option(False, "--requests", help="Also list every request."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    token: str | None = _opt("--token", "Shared bearer token.", "TOKEN"),
+    timeout: float = typer.Option(5.0, help="Seconds to wait for the controller."),
+) -> None:
+    """Print the cluster's ledger: pages by kind, slots and coverage per worker."""
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from services.residency.status import fetch_state, render_state
+
+    try:
+        state = fetch_state(address, requests, token, timeout)
+    except grpc.RpcError as e:
+        typer.echo(f"dhisparse status: {address}: {e.code().name}: {e.details()}", err=True)
+        raise typer.Exit(code=1) from None
+    if as_json:
+        typer.echo(json.dumps(MessageToDict(state, preserving_proto_field_name=True), indent=2))
+    else:
+        render_state(state, requests)
+
+
+def bench_command(
+    workers: str = typer.Option("1,8,64", help="Comma-separated simulated worker counts."),
+    admissions: int = typer.Option(2000, help="Admit+Release pairs per configuration."),
+    concurrency: int = typer.Option(32, help="Admit calls in flight."),
+    output: str | None = typer.Option(None, "--output", "-o", help="Write JSON here."),
+) -> None:
+    """Admissions/s and Admit latency p50/p99 for simulated workers over loopback."""
+    from bench.bench_residency import BenchParams, run_and_report
+
+    counts = tuple(int(x) for x in workers.split(",") if x.strip())
+    run_and_report(BenchParams(counts, admissions, concurrency), output)
