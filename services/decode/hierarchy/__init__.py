@@ -67,8 +67,10 @@ from .pages import (
 from .request import RequestState, lru_order
 from .resolver import ResolvePlan, apply_copies, resolve
 from .staging import StagedRow, StagingArena, release_staging
+from .worker import Hierarchy
 
 __all__ = [
+    "Hierarchy",
     "HierarchyConfig",
     "InProcessBacking",
     "InProcessBackingProvider",

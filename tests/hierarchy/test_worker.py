@@ -1,0 +1,62 @@
+"""Hierarchy: admission to every source group at once, or to none."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.common.errors import InvalidArgument, NotFound, ResourceExhausted
+from services.decode.hierarchy import (
+    Hierarchy,
+    HierarchyConfig,
+    InProcessBackingProvider,
+    SourceSpec,
+)
+from services.decode.hierarchy.invariants import assert_no_leak
+
+
+def make(device: str, num_pages: int = 16) -> tuple[Hierarchy, InProcessBackingProvider]:
+    cfg = HierarchyConfig(num_pages=num_pages, page_rows=4, hot_slots=3, tail_rows=7,
+                          staging_rows=4, device=device)
+    provider = InProcessBackingProvider()
+    specs = [SourceSpec("glm", 8, payload_layers=3), SourceSpec("dsv", 16, payload_layers=1)]
+    return Hierarchy(cfg, specs, provider), provider
+
+
+def rows(n: int, row_bytes: int, layers: int) -> list[torch.Tensor]:
+    return [torch.randint(0, 256, (n, row_bytes), dtype=torch.uint8) for _ in range(layers)]
+
+
+def test_admit_and_release_span_every_group(device: str) -> None:
+    h, provider = make(device)
+    h.admit("a", 16, {"glm": rows(9, 8, 3), "dsv": rows(9, 16, 1)})
+    assert sorted(provider.histories) == [("a", 0), ("a", 1), ("a", 2), ("a", 3)]
+    assert h.group("glm").request("a").page_ready[:2].all()
+    h.release("a")
+    assert not provider.histories
+    for g in h.groups.values():
+        assert g.pages.counts()["free"] == 16 and not g.requests
+        assert_no_leak(g)
+
+
+def test_failed_admission_is_rolled_back_everywhere(device: str) -> None:
+    h, provider = make(device)
+    with pytest.raises(InvalidArgument, match=r"history\[0\] has dtype=torch.uint8 shape=\(9, 8\)"):
+        h.admit("a", 16, {"glm": rows(9, 8, 3), "dsv": rows(9, 8, 1)})  # dsv rows are 16 B
+    assert not provider.histories
+    assert all(not g.requests and g.pages.counts()["free"] == 16 for g in h.groups.values())
+    with pytest.raises(InvalidArgument, match=r"history groups=\['glm'\] must be exactly"):
+        h.admit("a", 16, {"glm": rows(9, 8, 3)})
+    with pytest.raises(NotFound, match="group='x'"):
+        h.group("x")
+    with pytest.raises(NotFound, match="request_id='a'"):
+        h.release("a")
+
+
+def test_admission_waits_when_any_group_is_full(device: str) -> None:
+    h, _ = make(device, num_pages=4)  # 3 required pages per request
+    h.admit("a", 8)
+    assert not h.can_admit(0)
+    with pytest.raises(ResourceExhausted, match="does not fit every group"):
+        h.admit("b", 8)
+    assert ["a"] == list(h.group("dsv").requests)
