@@ -1,0 +1,93 @@
+"""Lazy CuPy loader: compile ``kernels/<name>.cu`` once per device, launch on torch's stream.
+
+Compiled with NVRTC, ``-std=c++17`` and without ``--use_fast_math`` (the kernels move
+bytes and compare integers; nothing may be approximated). CuPy is imported here only,
+inside functions, so ``import kernels`` works on a machine without it.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from services.common.errors import InvalidArgument
+
+HERE = Path(__file__).resolve().parent
+OPTIONS = ("-std=c++17",)
+
+
+@functools.cache
+def _module(name: str, device: int) -> Any:
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return cupy.RawModule(code=(HERE / f"{name}.cu").read_text(), options=OPTIONS)
+
+
+@functools.cache
+def kernel(name: str, func: str, device: int, shared_bytes: int = 0) -> Any:
+    """The compiled ``func`` of ``kernels/<name>.cu`` on ``device``."""
+    fn = _module(name, device).get_function(func)
+    if shared_bytes > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = shared_bytes
+    return fn
+
+
+@functools.cache
+def sm_count(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared: int = 0) -> None:
+    """Launch on ``torch.cuda.current_stream()`` (ordered with the caller's torch work)."""
+    import cupy
+
+    dev = torch.cuda.current_device()
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream, dev)
+    with cupy.cuda.Device(dev), stream:
+        fn(grid, block, args, shared_mem=shared)
+
+
+def ptr(t: torch.Tensor) -> np.uint64:
+    return np.uint64(t.data_ptr())
+
+
+def vec_width(row_bytes: int, *tensors: torch.Tensor) -> int:
+    """Widest access (16, 8 or 4 bytes) dividing the row size and every base address."""
+    for w in (16, 8, 4):
+        if row_bytes % w == 0 and all(t.data_ptr() % w == 0 for t in tensors):
+            return w
+    raise InvalidArgument(f"row_bytes={row_bytes} must be a multiple of 4 (4-byte aligned rows)")
+
+
+def check(name: str, t: object, dtype: torch.dtype, dims: int, where: str) -> torch.Tensor:
+    """``t`` is a contiguous ``dtype`` tensor with ``dims`` dims on ``where``.
+
+    ``where``: "cuda" (device memory), "mapped" (device memory or pinned host memory,
+    read in place by the GPU) or "any".
+    """
+    if not isinstance(t, torch.Tensor):
+        raise InvalidArgument(f"{name} is a {type(t).__name__}; expected a torch.Tensor")
+    if t.dtype != dtype or t.dim() != dims:
+        raise InvalidArgument(
+            f"{name} has dtype={t.dtype} shape={tuple(t.shape)}; expected {dtype} with {dims} dims"
+        )
+    if not t.is_contiguous():
+        raise InvalidArgument(f"{name} has strides={t.stride()}; expected a contiguous tensor")
+    if where == "cuda" and t.device.type != "cuda":
+        raise InvalidArgument(f"{name} is on device={t.device}; expected a CUDA tensor")
+    if where == "mapped" and t.device.type != "cuda" and not t.is_pinned():
+        raise InvalidArgument(
+            f"{name} is on device={t.device} and not page-locked; expected a CUDA tensor or "
+            f"pinned host memory (pin_memory() / cudaHostRegister) the GPU can read in place"
+        )
+    return t
+
+
+def check_limit(name: str, value: int, limit: int) -> None:
+    if value > limit:
+        raise InvalidArgument(f"{name}={value} exceeds the kernel limit {limit}")
