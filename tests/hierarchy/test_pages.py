@@ -17,6 +17,7 @@ from services.decode.hierarchy import (
     open_rows,
     optional_pages,
     populate,
+    publish_pages,
     release,
     retire,
 )
@@ -111,6 +112,25 @@ def test_populate_is_bounded_and_publishes_after_copy(device: str) -> None:
     assert populate(h.group, "a", max_pages=3) == 0 and coverage(h.group) == 1.0
     h.open("a", 1)
     plan = h.resolve(["a"], [[[0, 15, 16, 17]]])
+    assert plan.direct.tolist() == [True] and plan.counts.optional == 2
+    h.check()
+
+
+def test_reserved_pages_are_not_read_before_they_are_published(device: str) -> None:
+    h = Harness(device, policy="adaptive")
+    h.admit("a", 32, 9)
+    backup(h.group, "a")
+    retire(h.group, "a")
+    assert populate(h.group, "a", max_pages=2, publish=False) == 2
+    s = h.group.request("a")
+    assert (s.page_map[:2] >= 0).all() and not s.page_ready[:2].any()
+    assert h.group.pages.counts()["optional"] == 2
+    h.check()
+    h.open("a", 1)
+    plan = h.resolve(["a"], [[[1, 6]]])  # pending pages: served from host, not the page
+    assert (plan.counts.host, plan.counts.optional) == (2, 0)
+    assert publish_pages(h.group, "a") == 2
+    plan = h.resolve(["a"], [[[1, 6]]])
     assert plan.direct.tolist() == [True] and plan.counts.optional == 2
     h.check()
 

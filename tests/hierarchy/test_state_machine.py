@@ -33,6 +33,7 @@ from services.decode.hierarchy import (
     can_admit,
     commit_rows,
     populate,
+    publish_pages,
     release,
     release_staging,
     retire,
@@ -249,7 +250,16 @@ class HierarchyMachine(RuleBasedStateMachine):
         s = self.g.request(rid)
         missing = sum(1 for g in range(s.eligible_pages) if int(s.page_map[g]) < 0)
         want = min(max_pages, missing, self.g.pages.available)
-        assert populate(self.g, rid, max_pages) == want
+        assert populate(self.g, rid, max_pages, publish=data.draw(st.booleans())) == want
+
+    @precondition(lambda self: self.g.requests)
+    @rule(data=st.data())
+    def publish(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(self.live()))
+        s = self.g.request(rid)
+        want = int(((s.page_map >= 0) & ~s.page_ready).sum())
+        assert publish_pages(self.g, rid) == want
+        assert not bool(((s.page_map >= 0) & ~s.page_ready).any())
 
     @precondition(lambda self: self.g.requests)
     @rule(data=st.data())

@@ -61,6 +61,7 @@ from .pages import (
     open_rows,
     optional_pages,
     populate,
+    publish_pages,
     release,
     retire,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "open_rows",
     "optional_pages",
     "populate",
+    "publish_pages",
     "release",
     "release_staging",
     "resolve",

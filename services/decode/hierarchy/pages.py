@@ -263,8 +263,13 @@ def retire(group: SourceGroup, request_id: str, pages: Sequence[int] | None = No
     return len(targets)
 
 
-def populate(group: SourceGroup, request_id: str, max_pages: int) -> int:
-    """Repopulate up to ``max_pages`` missing optional pages from host. Returns pages."""
+def populate(group: SourceGroup, request_id: str, max_pages: int, publish: bool = True) -> int:
+    """Repopulate up to ``max_pages`` missing optional pages from host. Returns pages.
+
+    Reserve -> copy -> publish (I4). With ``publish=False`` the pages stay reserved but
+    not ready (resolves keep using host + hot cache) until ``publish_pages`` is called
+    after the copy completed (an async engine publishes after its copy event).
+    """
     state = group.request(request_id)
     _count("max_pages", max_pages, 1)
     if group.config.policy != "adaptive":
@@ -281,8 +286,17 @@ def populate(group: SourceGroup, request_id: str, max_pages: int) -> int:
         if not bool(backing.backed_mask()[rows].all()):
             raise RuntimeError(f"I1 violated: rows of pages {targets} are not backed")
         payload[group.page_locations(page_t)] = backing.rows()[rows].to(group.device)
-    state.page_ready[tgt] = True  # publish after the copy completed (I4)
+    if publish:
+        state.page_ready[tgt] = True  # publish after the copy completed (I4)
     return len(targets)
+
+
+def publish_pages(group: SourceGroup, request_id: str) -> int:
+    """Mark reserved (populated, not yet ready) pages ready. Returns pages published."""
+    state = group.request(request_id)
+    pending = (state.page_map >= 0) & ~state.page_ready
+    state.page_ready |= pending
+    return int(pending.sum())
 
 
 def release(group: SourceGroup, request_id: str) -> None:
