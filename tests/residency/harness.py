@@ -54,7 +54,8 @@ async def serving(metrics_port: int | None = None, **overrides: object) -> Async
     metrics = ResidencyMetrics()
     controller = ResidencyController(config, metrics)
     await controller.start()
-    handle = await create_server(config, register=lambda s: register(ResidencyServicer(controller), s),
+    servicer = ResidencyServicer(controller)
+    handle = await create_server(config, register=lambda s: register(servicer, s),
                                  service_names=[SERVICE_NAME])
     http = start_metrics_server(metrics_port, metrics.registry, host="127.0.0.1")
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{handle.port}")
