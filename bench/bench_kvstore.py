@@ -61,7 +61,7 @@ class _Store:
         self.dir = Path(tempfile.mkdtemp(prefix="kvbench-"))
         port_file = self.dir / "port"
         env = {k: v for k, v in os.environ.items() if not k.startswith("DHISPARSE_")}
-        env["PYTHONPATH"] = str(REPO)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.kvstore", "--port", "0", "--port-file",
              str(port_file), "--prefix", self.prefix, "--capacity", str(capacity),

@@ -4,7 +4,7 @@ Imported lazily and only used when ``torch.cuda.is_available()``: registering th
 segment page-locks it and maps it into the device address space, so kernels read host
 rows directly (zero-copy, DESIGN.md §4). With unified addressing the device pointer of a
 registered range equals its host pointer (``cudaDevAttrCanUseHostPointerForRegisteredMem``
-is 1 on x86-64 Linux); CuPy's ``hostGetDevicePointer`` is used when installed.
+is 1 on x86-64 Linux); ``cuda.bindings`` (cuda-python) is asked for it when installed.
 """
 
 from __future__ import annotations
@@ -25,11 +25,14 @@ def register(ptr: int, nbytes: int) -> int:
         ptr, nbytes, HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
     if int(err) != 0:
         raise FailedPrecondition(f"cudaHostRegister({nbytes} bytes) failed: error {int(err)}")
-    try:
-        import cupy  # optional: the exact device pointer
+    try:  # optional: ask the runtime for the exact device pointer
+        from cuda.bindings import runtime
     except ImportError:
-        return ptr
-    return int(cupy.cuda.runtime.hostGetDevicePointer(ptr, 0))
+        return ptr  # unified addressing: the host pointer is valid on the device
+    err, dev_ptr = runtime.cudaHostGetDevicePointer(ptr, 0)
+    if int(err) != 0:
+        raise FailedPrecondition(f"cudaHostGetDevicePointer failed: error {int(err)}")
+    return int(dev_ptr)
 
 
 def unregister(ptr: int) -> None:

@@ -49,7 +49,8 @@ class StoreProcess:
     def start(self, timeout: float = 15.0) -> StoreProcess:
         port_file = self.workdir / f"{self.prefix}.port"
         port_file.unlink(missing_ok=True)
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "PYTHONPATH": path}
         env = {k: v for k, v in env.items() if not k.startswith("DHISPARSE_")}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
