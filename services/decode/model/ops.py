@@ -50,11 +50,11 @@ def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 def index_scores(keys: torch.Tensor, q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Lightning-indexer scores: ``keys [t, d]``, ``q [H, d]``, ``w [H]`` → ``[t]``."""
-    return torch.relu(keys @ q.T).float() @ w.float()
+    return w.float() @ torch.relu(q @ keys.T).float()
 
 
 def attend(q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """MLA-like attention with K = V = latent: ``q [H, D]``, ``rows [n, D]`` → ``[H·D]``."""
-    s = (rows @ q.T).float() * rows.shape[-1] ** -0.5  # [n, H]
-    p = torch.softmax(s, dim=0).to(rows.dtype)
-    return (p.T @ rows).flatten()
+    s = (q @ rows.T).float() * rows.shape[-1] ** -0.5  # [H, n]
+    p = torch.softmax(s, dim=-1).to(rows.dtype)
+    return (p @ rows).flatten()

@@ -53,14 +53,17 @@ def init_weights(cfg: ModelConfig) -> Weights:
         w = torch.randn(n_in, n_out, generator=gen) / n_in**0.5
         return w.to(device=cfg.device, dtype=cfg.torch_dtype)
 
+    def out_proj(n_in: int, n_out: int) -> torch.Tensor:
+        return proj(n_in, n_out) * cfg.residual_scale
+
     def ones(n: int) -> torch.Tensor:
         return torch.ones(n, device=cfg.device, dtype=cfg.torch_dtype)
 
     w, hd = cfg.width, cfg.heads * cfg.latent_dim
     embed = torch.randn(cfg.vocab, w, generator=gen).to(cfg.device, cfg.torch_dtype)
     layers = [
-        LayerWeights(ones(w), proj(w, hd), proj(w, cfg.latent_dim), proj(hd, w), ones(w),
-                     proj(w, cfg.mlp_width), proj(cfg.mlp_width, w))
+        LayerWeights(ones(w), proj(w, hd), proj(w, cfg.latent_dim), out_proj(hd, w), ones(w),
+                     proj(w, cfg.mlp_width), out_proj(cfg.mlp_width, w))
         for _ in range(cfg.layers)
     ]
     indexers = [
