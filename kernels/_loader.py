@@ -42,7 +42,9 @@ def sm_count(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared: int = 0) -> None:
+def launch(
+    fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared: int = 0
+) -> None:
     """Launch on ``torch.cuda.current_stream()`` (ordered with the caller's torch work)."""
     import cupy
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 
 
-def gather_rows(dst: torch.Tensor, dst_idx: torch.Tensor, src: torch.Tensor, src_idx: torch.Tensor) -> None:
+def gather_rows(
+    dst: torch.Tensor, dst_idx: torch.Tensor, src: torch.Tensor, src_idx: torch.Tensor
+) -> None:
     """``dst[dst_idx[i]] = src[src_idx[i]]`` (rows of ``uint8 [n, row_bytes]``)."""
     rows = src.index_select(0, src_idx.to(src.device)).to(dst.device)
     dst.index_copy_(0, dst_idx.to(dst.device), rows)
@@ -26,21 +28,38 @@ def page_rows_view(t: torch.Tensor, page_rows: int) -> torch.Tensor:
     return t.view(t.shape[0] // page_rows, page_rows * t.shape[1])
 
 
-def copy_pages(dst: torch.Tensor, dst_pages: torch.Tensor, src: torch.Tensor, src_pages: torch.Tensor,
-               page_rows: int) -> None:
+def copy_pages(
+    dst: torch.Tensor,
+    dst_pages: torch.Tensor,
+    src: torch.Tensor,
+    src_pages: torch.Tensor,
+    page_rows: int,
+) -> None:
     """Whole pages (populate: host -> device; backup: device -> host)."""
-    gather_rows(page_rows_view(dst, page_rows), dst_pages, page_rows_view(src, page_rows), src_pages)
+    gather_rows(
+        page_rows_view(dst, page_rows), dst_pages, page_rows_view(src, page_rows), src_pages
+    )
 
 
-def ring_write(ring: torch.Tensor, ring_index: torch.Tensor, positions: torch.Tensor, src: torch.Tensor,
-               ring_rows: int) -> None:
+def ring_write(
+    ring: torch.Tensor,
+    ring_index: torch.Tensor,
+    positions: torch.Tensor,
+    src: torch.Tensor,
+    ring_rows: int,
+) -> None:
     """Draft ring rows ``phi(i, t) = i * R_d + (t mod R_d)`` (paper eq. 10) := ``src``."""
     dst_idx = ring_index * ring_rows + torch.remainder(positions, ring_rows)
     ring.index_copy_(0, dst_idx.to(ring.device), src.to(ring.device))
 
 
-def commit_rows(dst: torch.Tensor, dst_idx: torch.Tensor, src: torch.Tensor, src_idx: torch.Tensor,
-                accepted: torch.Tensor) -> None:
+def commit_rows(
+    dst: torch.Tensor,
+    dst_idx: torch.Tensor,
+    src: torch.Tensor,
+    src_idx: torch.Tensor,
+    accepted: torch.Tensor,
+) -> None:
     """Entry ``(b, j)`` of ``[batch, K]`` copies ``src[src_idx[b,j]] -> dst[dst_idx[b,j]]`` iff ``j < accepted[b]``."""
     keep = torch.arange(dst_idx.shape[1], device=dst_idx.device)[None, :] < accepted[:, None]
     gather_rows(dst, dst_idx[keep], src, src_idx[keep])

@@ -287,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0ull;
     __syncthreads();
     if (threadIdx.x < batch) {
-        const i64* sm = (const i64*)vs + threadIdx.x * SCOLS;
+        const volatile i64* sm = vs + threadIdx.x * SCOLS;
         atomicOr(&cnt[0], (unsigned long long)sm[S_STATUS]);
         atomicAdd(&cnt[1], (unsigned long long)sm[S_TAIL]);
         atomicAdd(&cnt[2], (unsigned long long)sm[S_OPT]);

@@ -34,7 +34,11 @@ R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 ST_SELECTION, ST_NOT_RESIDENT, ST_STAGING = 1 | 2 | 4 | 16, 8, 32
 LOOKUP_THREADS, COMMIT_THREADS = 1024, 512
 COPY_BLOCKS_PER_SM = 2  # 512 threads x 62 registers (ptxas -v): 2 blocks fill an SM
-MAX_BATCH, MAX_ENTRIES, MAX_SLOTS = 1024, 65535, 1 << 20  # resolver.cu: MAXB, u16 ranks, 20-bit slot keys
+MAX_BATCH, MAX_ENTRIES, MAX_SLOTS = (
+    1024,
+    65535,
+    1 << 20,
+)  # resolver.cu: MAXB, u16 ranks, 20-bit slot keys
 
 
 @dataclass(slots=True)
@@ -54,43 +58,93 @@ class Workspace:
     @staticmethod
     def new(batch: int, entries: int, slots: int, device: torch.device) -> Workspace:
         i64, i32 = dict(dtype=torch.int64, device=device), dict(dtype=torch.int32, device=device)
-        return Workspace(torch.empty(batch, entries, **i64), torch.empty(batch, entries, **i64),
-                         torch.empty(batch, max(slots, 1), **i32), torch.empty(batch, max(slots, 1), **i32),
-                         torch.empty(batch, S_COLS, **i64), torch.zeros(TOT_COLS + 2 * (batch + 1), **i64))
+        return Workspace(
+            torch.empty(batch, entries, **i64),
+            torch.empty(batch, entries, **i64),
+            torch.empty(batch, max(slots, 1), **i32),
+            torch.empty(batch, max(slots, 1), **i32),
+            torch.empty(batch, S_COLS, **i64),
+            torch.zeros(TOT_COLS + 2 * (batch + 1), **i64),
+        )
 
     def fits(self, batch: int, entries: int, slots: int) -> bool:
-        return (self.need_loc.shape[0] >= batch and self.need_loc.shape[1] == entries
-                and self.victims.shape[1] >= max(slots, 1) and self.totals.numel() == TOT_COLS + 2 * (batch + 1))
+        return (
+            self.need_loc.shape[0] >= batch
+            and self.need_loc.shape[1] == entries
+            and self.victims.shape[1] >= max(slots, 1)
+            and self.totals.numel() == TOT_COLS + 2 * (batch + 1)
+        )
 
 
-def lookup(ws: Workspace, table: torch.Tensor, selections: torch.Tensor, visible: torch.Tensor,
-           locations: torch.Tensor, *, hot_slots: int, tail_rows: int, page_rows: int, rows_bound: int,
-           finished_epoch: int) -> None:
+def lookup(
+    ws: Workspace,
+    table: torch.Tensor,
+    selections: torch.Tensor,
+    visible: torch.Tensor,
+    locations: torch.Tensor,
+    *,
+    hot_slots: int,
+    tail_rows: int,
+    page_rows: int,
+    rows_bound: int,
+    finished_epoch: int,
+) -> None:
     """Launch 1: direct path, union, hot hits, LRU victims; writes ``locations`` (final for
     direct/hot entries, ``-2 - miss rank`` for misses) and ``ws``; mutates no state.
 
     table: int64 [batch, 9] per request (resolver.cu T_* columns); rows_bound: every row
     needing steps 2-3 is below it (max tail_lo of the batch).
     """
-    check("table", table, torch.int64, 2, "cuda"), check("selections", selections, torch.int64, 3, "cuda")
-    check("visible", visible, torch.int64, 2, "cuda"), check("locations", locations, torch.int64, 3, "cuda")
+    (
+        check("table", table, torch.int64, 2, "cuda"),
+        check("selections", selections, torch.int64, 3, "cuda"),
+    )
+    (
+        check("visible", visible, torch.int64, 2, "cuda"),
+        check("locations", locations, torch.int64, 3, "cuda"),
+    )
     batch, k_queries, k = selections.shape
-    if table.shape != (batch, T_COLS) or visible.shape != (batch, k_queries) or locations.shape != selections.shape:
-        raise InvalidArgument(f"table {tuple(table.shape)}, visible {tuple(visible.shape)}, locations "
-                              f"{tuple(locations.shape)} must be [batch, {T_COLS}], [batch, K], like selections")
+    if (
+        table.shape != (batch, T_COLS)
+        or visible.shape != (batch, k_queries)
+        or locations.shape != selections.shape
+    ):
+        raise InvalidArgument(
+            f"table {tuple(table.shape)}, visible {tuple(visible.shape)}, locations "
+            f"{tuple(locations.shape)} must be [batch, {T_COLS}], [batch, K], like selections"
+        )
     check_limit("batch", batch, MAX_BATCH), check_limit("K * k", k_queries * k, MAX_ENTRIES)
     check_limit("hot_slots", hot_slots, MAX_SLOTS)
     words = max(1, -(-rows_bound // 32))
     pow2 = 1 << max(0, (max(hot_slots, 1) - 1).bit_length())
     shared = -(-12 * words // 16) * 16 + 8 * pow2
     dev = selections.device.index
-    check_limit("shared bytes (12 * ceil(rows/32) + 8 * B)", shared,
-                torch.cuda.get_device_properties(dev).shared_memory_per_block_optin - 2048)
-    fn = kernel("resolver", "resolve_lookup", dev, shared)
-    args = (ptr(table), ptr(selections), ptr(visible), ptr(locations), ptr(ws.need_loc), ptr(ws.misses),
-            ptr(ws.victims), ptr(ws.hit_slots), ptr(ws.summary), ptr(ws.totals), np.int32(batch),
-            np.int32(k_queries), np.int32(k), np.int32(hot_slots), np.int32(pow2), np.int32(tail_rows),
-            np.int32(page_rows), np.int32(words), np.int64(finished_epoch))
+    cap = (
+        torch.cuda.get_device_properties(dev).shared_memory_per_block_optin - 2048
+    )  # static: tmp, cnt
+    check_limit("shared bytes (12 * ceil(rows_bound / 32) + 8 * pow2(B))", shared, cap)
+    fn = kernel("resolver", "resolve_lookup", dev, cap)
+    args = (
+        ptr(table),
+        ptr(selections),
+        ptr(visible),
+        ptr(locations),
+        ptr(ws.need_loc),
+        ptr(ws.misses),
+        ptr(ws.victims),
+        ptr(ws.hit_slots),
+        ptr(ws.summary),
+        ptr(ws.totals),
+        np.int32(batch),
+        np.int32(k_queries),
+        np.int32(k),
+        np.int32(hot_slots),
+        np.int32(pow2),
+        np.int32(tail_rows),
+        np.int32(page_rows),
+        np.int32(words),
+        np.int64(finished_epoch),
+    )
     launch(fn, (batch,), (LOOKUP_THREADS,), args, shared)
 
 
@@ -104,9 +158,20 @@ class CopyList:
     staged_rows: torch.Tensor  # first totals[R_STAGED] entries: staged rows, in stage_locs order
 
 
-def commit(ws: Workspace, table: torch.Tensor, selections: torch.Tensor, locations: torch.Tensor,
-           stage_locs: torch.Tensor, out: CopyList, *, epoch: int, hot_slots: int,
-           host_ptrs: torch.Tensor | None = None, payloads: torch.Tensor | None = None, row_bytes: int = 16) -> None:
+def commit(
+    ws: Workspace,
+    table: torch.Tensor,
+    selections: torch.Tensor,
+    locations: torch.Tensor,
+    stage_locs: torch.Tensor,
+    out: CopyList,
+    *,
+    epoch: int,
+    hot_slots: int,
+    host_ptrs: torch.Tensor | None = None,
+    payloads: torch.Tensor | None = None,
+    row_bytes: int = 16,
+) -> None:
     """Launch 2: apply the lookup (victims, stamps, staging), finish ``locations`` and the
     copy list; with ``host_ptrs`` (int64 [L, batch]) and ``payloads`` (int64 [L]) also copy
     the misses of those L layers from mapped host memory. Staged rows take
@@ -115,32 +180,71 @@ def commit(ws: Workspace, table: torch.Tensor, selections: torch.Tensor, locatio
     batch, k_queries, k = selections.shape
     check("stage_locs", stage_locs, torch.int64, 1, "cuda")
     for name, t in (("out.batch", out.batch), ("out.rows", out.rows), ("out.dst", out.dst)):
-        check(name, t, torch.int64, 1, "cuda"), check_limit(f"copies fitting {name}", batch * k_queries * k, t.numel())
+        (
+            check(name, t, torch.int64, 1, "cuda"),
+            check_limit(f"copies fitting {name}", batch * k_queries * k, t.numel()),
+        )
     layers = 0 if host_ptrs is None else host_ptrs.shape[0]
     if layers:
-        check("host_ptrs", host_ptrs, torch.int64, 2, "cuda"), check("payloads", payloads, torch.int64, 1, "cuda")
+        (
+            check("host_ptrs", host_ptrs, torch.int64, 2, "cuda"),
+            check("payloads", payloads, torch.int64, 1, "cuda"),
+        )
         if host_ptrs.shape[1] != batch or payloads.numel() != layers:
-            raise InvalidArgument(f"host_ptrs {tuple(host_ptrs.shape)} / payloads {tuple(payloads.shape)} "
-                                  f"must be [L, batch={batch}] / [L]")
+            raise InvalidArgument(
+                f"host_ptrs {tuple(host_ptrs.shape)} / payloads {tuple(payloads.shape)} "
+                f"must be [L, batch={batch}] / [L]"
+            )
     w = vec_width(row_bytes)
     dev = selections.device.index
     fn = kernel("resolver", f"resolve_commit_{w}", dev)
     null = np.uint64(0)
-    args = (ptr(table), ptr(selections), ptr(locations), ptr(ws.need_loc), ptr(ws.misses), ptr(ws.victims),
-            ptr(ws.hit_slots), ptr(ws.summary), ptr(ws.totals), ptr(stage_locs), np.int64(stage_locs.numel()),
-            ptr(out.batch), ptr(out.rows), ptr(out.dst), ptr(out.staged_rows),
-            ptr(host_ptrs) if layers else null, ptr(payloads) if layers else null, np.int32(layers),
-            np.int32(batch), np.int32(k_queries), np.int32(k), np.int32(hot_slots), np.uint32(row_bytes),
-            np.int64(epoch))
+    args = (
+        ptr(table),
+        ptr(selections),
+        ptr(locations),
+        ptr(ws.need_loc),
+        ptr(ws.misses),
+        ptr(ws.victims),
+        ptr(ws.hit_slots),
+        ptr(ws.summary),
+        ptr(ws.totals),
+        ptr(stage_locs),
+        np.int64(stage_locs.numel()),
+        ptr(out.batch),
+        ptr(out.rows),
+        ptr(out.dst),
+        ptr(out.staged_rows),
+        ptr(host_ptrs) if layers else null,
+        ptr(payloads) if layers else null,
+        np.int32(layers),
+        np.int32(batch),
+        np.int32(k_queries),
+        np.int32(k),
+        np.int32(hot_slots),
+        np.uint32(row_bytes),
+        np.int64(epoch),
+    )
     copy_blocks = sm_count(dev) * COPY_BLOCKS_PER_SM if layers else 0
     launch(fn, (batch + copy_blocks,), (COMMIT_THREADS,), args)
 
 
 def request_table(group: SourceGroup, states: Sequence) -> torch.Tensor:
     """int64 [batch, 9]: the per-request tensors' addresses and tail bounds."""
-    rows = [[s.hot_rows.data_ptr(), s.hot_stamp.data_ptr(), s.hot_protect.data_ptr(), s.hot_locs.data_ptr(),
-             s.tail_locs.data_ptr(), s.page_map.data_ptr(), s.page_ready.data_ptr(), s.tail_lo, s.tail_hi]
-            for s in states]
+    rows = [
+        [
+            s.hot_rows.data_ptr(),
+            s.hot_stamp.data_ptr(),
+            s.hot_protect.data_ptr(),
+            s.hot_locs.data_ptr(),
+            s.tail_locs.data_ptr(),
+            s.page_map.data_ptr(),
+            s.page_ready.data_ptr(),
+            s.tail_lo,
+            s.tail_hi,
+        ]
+        for s in states
+    ]
     return torch.tensor(rows, dtype=torch.int64).pin_memory().to(group.device, non_blocking=True)
 
 
@@ -155,75 +259,129 @@ def _workspace(group: SourceGroup, batch: int, entries: int) -> Workspace:
     return ws
 
 
-def _structural_checks(group: SourceGroup, request_ids: Sequence[str], selections: torch.Tensor,
-                       visible: torch.Tensor) -> list:
+def _structural_checks(
+    group: SourceGroup, request_ids: Sequence[str], selections: torch.Tensor, visible: torch.Tensor
+) -> list:
     """The reference's checks that need no device data (same exceptions, same messages)."""
     if group.pending_layers:
         raise FailedPrecondition(
             f"plan of epoch={group.pending_epoch} not applied to payload layers "
-            f"{sorted(group.pending_layers)}; apply_copies before the next resolve")
+            f"{sorted(group.pending_layers)}; apply_copies before the next resolve"
+        )
     for name, t, dims in (("selections", selections, 3), ("visible", visible, 2)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != dims or t.device != group.device:
+        if (
+            not isinstance(t, torch.Tensor)
+            or t.dtype != torch.int64
+            or t.dim() != dims
+            or t.device != group.device
+        ):
             return []  # the reference raises the exact message
-    if tuple(visible.shape) != tuple(selections.shape[:2]) or len(request_ids) != selections.shape[0] \
-            or len(set(request_ids)) != len(request_ids):
+    if (
+        tuple(visible.shape) != tuple(selections.shape[:2])
+        or len(request_ids) != selections.shape[0]
+        or len(set(request_ids)) != len(request_ids)
+    ):
         return []
     return [group.request(rid) for rid in request_ids]
 
 
-def resolve(group: SourceGroup, request_ids: Sequence[str], selections: torch.Tensor,
-            visible: torch.Tensor) -> ref.ResolvePlan:
+def resolve(
+    group: SourceGroup, request_ids: Sequence[str], selections: torch.Tensor, visible: torch.Tensor
+) -> ref.ResolvePlan:
     """Drop-in for ``services.decode.hierarchy.resolve`` (same plan, same state after)."""
     if group.device.type != "cuda":
         return ref.resolve(group, request_ids, selections, visible)
     states = _structural_checks(group, request_ids, selections, visible)
-    if not states or selections.numel() == 0 or not selections.is_contiguous() or not visible.is_contiguous():
+    if (
+        not states
+        or selections.numel() == 0
+        or not selections.is_contiguous()
+        or not visible.is_contiguous()
+    ):
         return ref.resolve(group, request_ids, selections, visible)  # raises, or trivial shapes
     batch, k_queries, k = selections.shape
     cfg, epoch = group.config, group.clock + 1
     ws = _workspace(group, batch, k_queries * k)
     table = request_table(group, states)
     locations = torch.empty_like(selections)
-    lookup(ws, table, selections, visible, locations, hot_slots=group.hot_slots, tail_rows=cfg.tail_rows,
-           page_rows=cfg.page_rows, rows_bound=max(s.tail_lo for s in states),
-           finished_epoch=group.finished_epoch)
+    lookup(
+        ws,
+        table,
+        selections,
+        visible,
+        locations,
+        hot_slots=group.hot_slots,
+        tail_rows=cfg.tail_rows,
+        page_rows=cfg.page_rows,
+        rows_bound=max(s.tail_lo for s in states),
+        finished_epoch=group.finished_epoch,
+    )
     totals = ws.totals[:TOT_COLS].cpu().tolist()  # the one host read: the staging need and counts
     if totals[R_STATUS] & ST_SELECTION:
         ref._check_inputs(group, request_ids, selections, visible)  # raises the exact error
-        raise RuntimeError(f"resolver kernel flagged status={totals[R_STATUS]} the reference accepts")
+        raise RuntimeError(
+            f"resolver kernel flagged status={totals[R_STATUS]} the reference accepts"
+        )
     if totals[R_STATUS] & ST_NOT_RESIDENT:
         direct = ws.summary[:batch, S_U].cpu()
         b = int(torch.nonzero(direct > 0)[0])
-        raise RuntimeError(f"request_id={request_ids[b]!r}: rows needing the hot cache are not resident "
-                           f"(hot_slots=0)")
+        raise RuntimeError(
+            f"request_id={request_ids[b]!r}: rows needing the hot cache are not resident "
+            f"(hot_slots=0)"
+        )
     staged = totals[R_STAGED]
     if not group.staging.can_acquire(staged):
         raise ResourceExhausted(
             f"selections need staging rows={staged} > free staging rows="
-            f"{len(group.staging.free_locs)} (staging_rows={cfg.staging_rows})")
+            f"{len(group.staging.free_locs)} (staging_rows={cfg.staging_rows})"
+        )
     stage_locs = _acquire_staging(group, request_ids, ws, batch, staged, epoch)
     n = batch * k_queries * k
-    out = CopyList(*(torch.empty(n, dtype=torch.int64, device=group.device) for _ in range(3)),
-                   torch.empty(max(staged, 1), dtype=torch.int64, device=group.device))
-    commit(ws, table, selections, locations, stage_locs, out, epoch=epoch, hot_slots=group.hot_slots)
+    out = CopyList(
+        *(torch.empty(n, dtype=torch.int64, device=group.device) for _ in range(3)),
+        torch.empty(max(staged, 1), dtype=torch.int64, device=group.device),
+    )
+    commit(
+        ws, table, selections, locations, stage_locs, out, epoch=epoch, hot_slots=group.hot_slots
+    )
     for s in states:
         s.last_read_epoch = epoch
     group.clock = epoch
     copies = totals[R_COPIES]
-    counts = SelectionCounts(tail=totals[R_TAIL], optional=totals[R_OPT], hot=totals[R_HOT],
-                             host=totals[R_HOST], host_rows=copies, staged_rows=staged, lookups=batch,
-                             direct_lookups=totals[R_DIRECT])
+    counts = SelectionCounts(
+        tail=totals[R_TAIL],
+        optional=totals[R_OPT],
+        hot=totals[R_HOT],
+        host=totals[R_HOST],
+        host_rows=copies,
+        staged_rows=staged,
+        lookups=batch,
+        direct_lookups=totals[R_DIRECT],
+    )
     group.counters.add(counts)
     if copies:
         group.pending_epoch = epoch
         group.pending_layers = set(range(group.spec.payload_layers))
-    return ref.ResolvePlan(epoch=epoch, request_ids=tuple(request_ids), locations=locations,
-                           direct=ws.summary[:batch, S_U] == 0, copy_batch=out.batch[:copies],
-                           copy_rows=out.rows[:copies], copy_dst=out.dst[:copies], counts=counts)
+    return ref.ResolvePlan(
+        epoch=epoch,
+        request_ids=tuple(request_ids),
+        locations=locations,
+        direct=ws.summary[:batch, S_U] == 0,
+        copy_batch=out.batch[:copies],
+        copy_rows=out.rows[:copies],
+        copy_dst=out.dst[:copies],
+        counts=counts,
+    )
 
 
-def _acquire_staging(group: SourceGroup, request_ids: Sequence[str], ws: Workspace, batch: int, staged: int,
-                     epoch: int) -> torch.Tensor:
+def _acquire_staging(
+    group: SourceGroup,
+    request_ids: Sequence[str],
+    ws: Workspace,
+    batch: int,
+    staged: int,
+    epoch: int,
+) -> torch.Tensor:
     """Acquire the arena rows on the host exactly as the reference does (request order,
     ascending rows), and hand the kernel those rows in that order."""
     if staged == 0:
@@ -254,7 +412,8 @@ def apply_copies(group: SourceGroup, plan: ref.ResolvePlan, layer: int) -> int:
     if plan.epoch != group.pending_epoch or layer not in group.pending_layers:
         raise FailedPrecondition(
             f"plan epoch={plan.epoch} layer={layer} is not pending (pending epoch="
-            f"{group.pending_epoch}, layers={sorted(group.pending_layers)})")
+            f"{group.pending_epoch}, layers={sorted(group.pending_layers)})"
+        )
     payload, row_bytes = group.payloads[layer], group.spec.row_bytes
     host_ptrs = torch.tensor([h.data_ptr() for h in hosts], dtype=torch.int64).pin_memory()
     host_ptrs = host_ptrs.to(group.device, non_blocking=True)
@@ -267,22 +426,43 @@ def apply_copies(group: SourceGroup, plan: ref.ResolvePlan, layer: int) -> int:
     return nbytes
 
 
-def plan_copy(payload: torch.Tensor, copy_batch: torch.Tensor, copy_rows: torch.Tensor, copy_dst: torch.Tensor,
-              host_ptrs: torch.Tensor, count: int | torch.Tensor, row_bytes: int) -> None:
+def plan_copy(
+    payload: torch.Tensor,
+    copy_batch: torch.Tensor,
+    copy_rows: torch.Tensor,
+    copy_dst: torch.Tensor,
+    host_ptrs: torch.Tensor,
+    count: int | torch.Tensor,
+    row_bytes: int,
+) -> None:
     """``payload[copy_dst[c]] = host[copy_batch[c]][copy_rows[c]]`` for c < count (an int, or
     an int64 device scalar -- e.g. ``ws.totals[1:2]`` -- so follower copies need no host read)."""
     check("payload", payload, torch.uint8, 2, "cuda")
-    for name, t in (("copy_batch", copy_batch), ("copy_rows", copy_rows), ("copy_dst", copy_dst),
-                    ("host_ptrs", host_ptrs)):
+    for name, t in (
+        ("copy_batch", copy_batch),
+        ("copy_rows", copy_rows),
+        ("copy_dst", copy_dst),
+        ("host_ptrs", host_ptrs),
+    ):
         check(name, t, torch.int64, 1, "cuda")
     if payload.shape[1] != row_bytes:
-        raise InvalidArgument(f"payload rows have {payload.shape[1]} bytes; expected row_bytes={row_bytes}")
+        raise InvalidArgument(
+            f"payload rows have {payload.shape[1]} bytes; expected row_bytes={row_bytes}"
+        )
     dev = payload.device.index
     w = vec_width(row_bytes, payload)
     on_device = isinstance(count, torch.Tensor)
     n = copy_rows.numel() if on_device else int(count)
     check_limit("count", n, copy_rows.numel())
     grid = max(1, min(-(-n * row_bytes // w // 256), sm_count(dev) * 8))
-    args = (ptr(payload), ptr(copy_batch), ptr(copy_rows), ptr(copy_dst), ptr(host_ptrs),
-            ptr(count) if on_device else np.uint64(0), np.int64(0 if on_device else n), np.uint32(row_bytes))
+    args = (
+        ptr(payload),
+        ptr(copy_batch),
+        ptr(copy_rows),
+        ptr(copy_dst),
+        ptr(host_ptrs),
+        ptr(count) if on_device else np.uint64(0),
+        np.int64(0 if on_device else n),
+        np.uint32(row_bytes),
+    )
     launch(kernel("resolver", f"plan_copy_{w}", dev), (grid,), (256,), args)

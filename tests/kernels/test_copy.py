@@ -16,7 +16,9 @@ def rand_rows(n: int, row_bytes: int, device: str = "cpu", pin: bool = False) ->
     return t.pin_memory() if pin else t.to(device)
 
 
-def loop_gather(dst: torch.Tensor, dst_idx: torch.Tensor, src: torch.Tensor, src_idx: torch.Tensor) -> None:
+def loop_gather(
+    dst: torch.Tensor, dst_idx: torch.Tensor, src: torch.Tensor, src_idx: torch.Tensor
+) -> None:
     for d, s in zip(dst_idx.tolist(), src_idx.tolist(), strict=True):
         dst[d] = src[s]
 
@@ -127,7 +129,10 @@ def test_layers_pages_ring_commit(row_bytes: int) -> None:
     hosts = [rand_rows(700, row_bytes, pin=True) for _ in range(3)]
     pools = [rand_rows(900, row_bytes, "cuda") for _ in range(3)]
     want = [p.clone() for p in pools]
-    src_idx, dst_idx = torch.randint(0, 700, (333,), device="cuda"), torch.randperm(900, device="cuda")[:333]
+    src_idx, dst_idx = (
+        torch.randint(0, 700, (333,), device="cuda"),
+        torch.randperm(900, device="cuda")[:333],
+    )
     reference.gather_layers(want, dst_idx, hosts, src_idx)
     side = torch.cuda.Stream()
     done = copy.on_side_stream(side, lambda *a: copy.gather_layers(pools, *a), dst_idx, src_idx)
@@ -149,18 +154,28 @@ def test_layers_pages_ring_commit(row_bytes: int) -> None:
     assert torch.equal(pool, want) and torch.equal(back, want_back)
 
     ring, src = rand_rows(6 * 11, row_bytes, "cuda"), rand_rows(50, row_bytes, "cuda")
-    ring_index, pos = torch.randint(0, 6, (50,), device="cuda"), torch.randperm(1000, device="cuda")[:50]
+    ring_index, pos = (
+        torch.randint(0, 6, (50,), device="cuda"),
+        torch.randperm(1000, device="cuda")[:50],
+    )
     keep = torch.ones(50, dtype=torch.bool)  # one writer per ring row (a round never wraps)
     slots = (ring_index * 11 + pos % 11).cpu()
     for j in range(50):
         keep[j] = int((slots[:j] == slots[j]).sum()) == 0
-    ring_index, pos, src = ring_index[keep.cuda()].contiguous(), pos[keep.cuda()].contiguous(), src[keep.cuda()].contiguous()
+    ring_index, pos, src = (
+        ring_index[keep.cuda()].contiguous(),
+        pos[keep.cuda()].contiguous(),
+        src[keep.cuda()].contiguous(),
+    )
     want = ring.clone()
     reference.ring_write(want, ring_index, pos, src, 11)
     copy.ring_write(ring, ring_index, pos, src, 11)
 
     dst, srcr = rand_rows(80, row_bytes, "cuda"), rand_rows(80, row_bytes, "cuda")
-    d_idx, s_idx = torch.randperm(80, device="cuda")[:35].view(7, 5), torch.randint(0, 80, (7, 5), device="cuda")
+    d_idx, s_idx = (
+        torch.randperm(80, device="cuda")[:35].view(7, 5),
+        torch.randint(0, 80, (7, 5), device="cuda"),
+    )
     acc = torch.randint(0, 6, (7,), device="cuda")
     want_dst = dst.clone()
     reference.commit_rows(want_dst, d_idx, srcr, s_idx, acc)
