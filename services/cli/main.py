@@ -19,9 +19,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 bench_app = typer.Typer(help="Benchmarks (JSON out, tables on the terminal).",
-                        no_args_is_help=True)
+                        no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(bench_app, name="bench")
 
 # (typer app, command name, "module:function", one-line help)

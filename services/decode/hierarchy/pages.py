@@ -57,13 +57,20 @@ def _check_history(group: SourceGroup, history: Sequence[torch.Tensor], max_rows
     return n
 
 
-def admit_pages(group: SourceGroup, imported_rows: int) -> tuple[int, int]:
-    """(required pages, device history pages) that admitting ``imported_rows`` would take."""
+def admit_pages(group: SourceGroup, imported_rows: int,
+                max_optional: int | None = None) -> tuple[int, int]:
+    """(required pages, device history pages) that admitting ``imported_rows`` would take.
+
+    ``max_optional`` caps the optional pages (the residency controller's grant); None
+    keeps as many full history pages on the device as are spare (resident-first).
+    """
     cfg = group.config
     full = imported_rows // cfg.page_rows
     required = cfg.required_pages + (full if cfg.policy == "resident" else 0)
     spare = group.pages.available - required
     optional = min(full, max(0, spare)) if cfg.policy == "adaptive" else 0
+    if max_optional is not None:
+        optional = min(optional, _count("max_optional", max_optional))
     return required, (full if cfg.policy == "resident" else optional)
 
 
@@ -78,11 +85,13 @@ def admit(
     max_rows: int,
     history: Sequence[torch.Tensor] | None = None,
     imported_rows: int = 0,
+    max_optional: int | None = None,
 ) -> RequestState:
     """Admit ``request_id`` with capacity ``max_rows`` rows.
 
     history: per payload layer ``uint8 [n, row_bytes]`` (any device) imported from prefill,
     or None when the host histories already hold ``imported_rows`` backed rows.
+    max_optional: cap on the history pages kept on the device (see ``admit_pages``).
     """
     cfg, p = group.config, group.config.page_rows
     if not isinstance(request_id, str) or not request_id:
@@ -100,7 +109,7 @@ def admit(
         raise ResourceExhausted(
             f"requests={len(group.requests)} at max_requests={cfg.max_requests}"
         )
-    required, device_pages = admit_pages(group, imported_rows)
+    required, device_pages = admit_pages(group, imported_rows, max_optional)
     if not group.pages.can_allocate(required):
         raise ResourceExhausted(
             f"admit request_id={request_id!r} needs required pages={required} > available "

@@ -54,6 +54,7 @@ class Hierarchy:
         max_rows: int,
         history: Mapping[str, Sequence[torch.Tensor]] | None = None,
         imported_rows: int = 0,
+        max_optional: int | None = None,
     ) -> None:
         """Admit to every group (history keyed by group name), or to none."""
         if history is not None and set(history) != set(self.groups):
@@ -68,7 +69,7 @@ class Hierarchy:
         try:
             for name, group in self.groups.items():
                 admit(group, request_id, max_rows, None if history is None else history[name],
-                      imported_rows)
+                      imported_rows, max_optional)
                 done.append(group)
         except Exception:
             for group in done:  # roll back: the request is admitted nowhere

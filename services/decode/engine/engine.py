@@ -1,0 +1,279 @@
+"""The decode engine: continuous batching over the KV hierarchy, five policies.
+
+One ``Engine`` is one decode worker. ``submit`` queues a request; ``step`` runs one
+scheduling iteration::
+
+    admit      FIFO through the residency core (tickets; Backup/Retire/Populate commands
+               executed on the hierarchy and acknowledged); granted requests import their
+               prefix (rows into the hierarchy, index keys into the index state) and emit
+               their first token from the prefix's logits
+    decode     one round for every running request: K = 1, or a speculative round of
+               K_r ≤ K_max queries (drafter proposes, target verifies in one forward,
+               acceptance commits n' = n + 1 + A, rejected rows are dropped)
+    retire     finished requests release their slot, pages and host histories
+
+Time is wall-clock (``clock``); tokens are emitted with their timestamps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+
+import torch
+
+from services.common.backing import HostBackingProvider
+from services.common.errors import InvalidArgument, NotFound
+from services.decode.engine.admission import LocalAdmission
+from services.decode.engine.commands import execute_command
+from services.decode.engine.config import EngineConfig
+from services.decode.engine.kv_adapter import HierarchyKV
+from services.decode.engine.request import GenerateSpec, Phase, RequestRun
+from services.decode.engine.stats import EngineStats
+from services.decode.hierarchy import Hierarchy, InProcessBackingProvider, backup, commit_rows
+from services.decode.hierarchy import coverage as group_coverage
+from services.decode.model.model import DSAModel, Prefix
+from services.decode.spec.acceptance import greedy_accept, sample_from, speculative_accept
+from services.decode.spec.drafter import Drafter, DrafterConfig
+
+PREFIX_CACHE = 8  # prompt prefills kept for reuse (identical prompts import, not prefill)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, provider: HostBackingProvider | None = None,
+                 admission: LocalAdmission | None = None, worker_id: str = "local",
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.config = config
+        self.policy = config.policy_
+        self.clock = clock
+        self.model = DSAModel(config.model)
+        self.index = self.model.new_index_state()
+        hcfg = config.hierarchy_config()
+        if provider is None and self.policy.uses_host:
+            provider = InProcessBackingProvider()
+        self.hierarchy = Hierarchy(hcfg, config.source_specs(), provider)
+        self.kv = HierarchyKV(self.hierarchy, config.model.groups)
+        self.admission = admission or LocalAdmission(
+            worker_id, hcfg.num_pages, hcfg.reserve_pages, config.max_requests)
+        self.drafter = Drafter(self.model, DrafterConfig(
+            layers=config.draft_layers, window=config.draft_window, page=config.page_rows,
+            k_max=config.k_max, mode=config.spec_mode, greedy=config.temperature == 0),
+            config.max_requests) if self.policy.speculative else None
+        self.stats = EngineStats()
+        self.prefixes: dict[str, Prefix] = {}
+        self._prompt_cache: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
+        self.waiting: deque[RequestRun] = deque()
+        self.running: dict[str, RequestRun] = {}
+        self.finished: list[RequestRun] = []
+        self._free_slots = list(range(config.max_requests - 1, -1, -1))
+
+    # -- requests ---------------------------------------------------------------------------
+    def register_prefix(self, prefix_id: str, tokens: list[int]) -> Prefix:
+        """Prefill ``tokens`` once; requests naming ``prefix_id`` import its KV."""
+        prefix = self.model.prefill(torch.tensor(tokens, dtype=torch.int64,
+                                                 device=self.config.device))
+        self.prefixes[prefix_id] = prefix
+        return prefix
+
+    def submit(self, spec: GenerateSpec) -> RequestRun:
+        """Queue a request (validated now; nothing changes on a bad one)."""
+        cfg = self.config
+        if spec.request_id in self.running or any(
+                r.request_id == spec.request_id for r in self.waiting):
+            raise InvalidArgument(f"request_id={spec.request_id!r} is already in flight")
+        if spec.prefix_id and spec.prefix_id not in self.prefixes:
+            raise NotFound(f"prefix_id={spec.prefix_id!r} is not registered "
+                           f"(known: {sorted(self.prefixes)})")
+        if spec.spec_block > cfg.k_max:
+            raise InvalidArgument(f"spec_block={spec.spec_block} exceeds K_max={cfg.k_max}")
+        prompt_len = (len(spec.prompt) if spec.prompt is not None
+                      else self.prefixes[spec.prefix_id].length)
+        if prompt_len + spec.max_new_tokens + cfg.k_max > cfg.max_context:
+            raise InvalidArgument(
+                f"prompt ({prompt_len}) + max_new_tokens ({spec.max_new_tokens}) + K_max "
+                f"({cfg.k_max}) exceeds max_context={cfg.max_context}")
+        if spec.prompt is not None and any(not 0 <= t < cfg.model.vocab for t in spec.prompt):
+            raise InvalidArgument(f"prompt tokens must lie in 0..{cfg.model.vocab - 1}")
+        run = RequestRun(spec, arrival=self.clock(), prompt_len=prompt_len)
+        self.waiting.append(run)
+        return run
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    # -- the loop ---------------------------------------------------------------------------
+    def step(self) -> list[RequestRun]:
+        """One iteration: admit, one decode round, retire. Returns requests that emitted."""
+        self._admit()
+        batch = list(self.running.values())
+        if batch:
+            self._round(batch)
+        for run in batch:
+            if run.remaining <= 0:
+                self._finish(run)
+        self._run_commands()
+        self.stats.sample(len(self.running), self.coverage())
+        return batch
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
+        for _ in range(max_steps):
+            if self.idle:
+                return
+            self.step()
+        raise RuntimeError(f"engine not idle after max_steps={max_steps}")
+
+    def coverage(self) -> float:
+        groups = self.hierarchy.groups.values()
+        return sum(group_coverage(g) for g in groups) / len(self.hierarchy.groups)
+
+    # -- admission --------------------------------------------------------------------------
+    def _prefix_of(self, run: RequestRun) -> Prefix:
+        if run.spec.prefix_id:
+            return self.prefixes[run.spec.prefix_id]
+        key = tuple(run.spec.prompt or ())
+        prefix = self._prompt_cache.get(key)
+        if prefix is None:
+            prefix = self.model.prefill(torch.tensor(key, dtype=torch.int64,
+                                                     device=self.config.device))
+            self._prompt_cache[key] = prefix
+            while len(self._prompt_cache) > PREFIX_CACHE:
+                self._prompt_cache.popitem(last=False)
+        self._prompt_cache.move_to_end(key)
+        return prefix
+
+    def _max_rows(self, run: RequestRun) -> int:
+        return run.prompt_len + run.spec.max_new_tokens + self.config.k_max
+
+    def _admit(self) -> None:
+        cfg, p = self.config, self.config.page_rows
+        for run in self.waiting:
+            if run.ticket is None:
+                history = run.prompt_len // p if self.policy.optional else 0
+                run.ticket = self.admission.admit(
+                    run.request_id, cfg.required_pages_for(self._max_rows(run)), history)
+        self._run_commands()
+
+    def _activate(self, run: RequestRun) -> None:
+        prefix = self._prefix_of(run)
+        grant = run.ticket.grant
+        run.slot = self._free_slots.pop()
+        history = {name: [prefix.rows[(g, q)] for q in range(self.config.model.payloads_per_group)]
+                   for g, name in enumerate(self.kv.names)}
+        self.hierarchy.admit(run.request_id, self._max_rows(run), history=history,
+                             max_optional=grant.optional_pages)
+        self.kv.request_of[run.slot] = run.request_id
+        self.index.open(run.slot)
+        self.model.import_prefix(prefix, run.slot, self.index)
+        if self.drafter is not None:
+            self.drafter.reset(run.slot)
+        run.phase, run.admitted_at = Phase.RUNNING, self.clock()
+        run.tokens = [int(t) for t in prefix.tokens.tolist()]
+        run.committed = run.prompt_len
+        if self.config.temperature > 0:
+            run.generator = torch.Generator().manual_seed(
+                self.config.seed * 1_000_003 + run.spec.seed)
+        self._emit(run, [self._first_token(run, prefix.next_logits)])
+        self.running[run.request_id] = run
+
+    def _first_token(self, run: RequestRun, logits: torch.Tensor) -> int:
+        if self.config.temperature == 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float() / self.config.temperature, dim=-1)
+        return int(sample_from(probs.view(1, -1).cpu(), torch.rand(1, generator=run.generator)))
+
+    def _run_commands(self) -> None:
+        """Activate granted requests (the ledger holds them already), then execute the
+        controller's commands; acks can grant more, so repeat until quiet."""
+        while True:
+            for run in [r for r in self.waiting
+                        if r.ticket is not None and self.admission.granted(r.ticket)]:
+                self.waiting.remove(run)
+                self._activate(run)
+            commands = self.admission.take_commands()
+            if not commands:
+                return
+            for cmd in commands:
+                pages = execute_command(self.hierarchy, cmd)
+                self.stats.command(cmd.kind.value, pages)
+                self.admission.ack(cmd, ok=True)
+
+    def _emit(self, run: RequestRun, tokens: list[int]) -> None:
+        tokens = tokens[: run.remaining]
+        now = self.clock()
+        run.output.extend(tokens)
+        run.tokens.extend(tokens)
+        run.emit_times.extend([now] * len(tokens))
+        self.stats.tokens(len(tokens))
+
+    def _finish(self, run: RequestRun) -> None:
+        self.hierarchy.release(run.request_id)
+        self.index.close(run.slot)
+        self.admission.release(run.request_id)
+        del self.kv.request_of[run.slot]
+        del self.running[run.request_id]
+        self._free_slots.append(run.slot)
+        run.phase, run.finished_at = Phase.FINISHED, self.clock()
+        self.finished.append(run)
+        self.stats.finish(run)
+
+    # -- decode rounds ----------------------------------------------------------------------
+    def _round(self, batch: list[RequestRun]) -> None:
+        dev = self.config.device
+        B = len(batch)
+        slots = torch.tensor([r.slot for r in batch], dtype=torch.int64, device=dev)
+        n = torch.tensor([r.committed for r in batch], dtype=torch.int64, device=dev)
+        if self.drafter is not None:
+            caps = [max(1, min(self.config.k_max, r.spec.spec_block or self.config.k_max,
+                               r.remaining)) for r in batch]
+            histories = [torch.tensor(r.tokens[: r.committed + 1], dtype=torch.int64,
+                                      device=dev) for r in batch]
+            gens = [r.generator for r in batch] if self.config.temperature > 0 else None
+            proposal = self.drafter.propose([r.slot for r in batch], histories, caps, gens)
+            tokens, nq = proposal.tokens, proposal.num_queries
+        else:
+            tokens = torch.tensor([[r.tokens[r.committed]] for r in batch], dtype=torch.int64,
+                                  device=dev)
+            nq = torch.ones(B, dtype=torch.int64, device=dev)
+        t0 = self.clock()
+        logits = self.model.forward(tokens, n, nq, slots, self.kv, self.index)
+        self.kv.finish_round()
+        self.stats.resolver(self.kv.counts)
+        accepted, bonus = self._accept(batch, tokens, nq, logits,
+                                       proposal.probs if self.drafter is not None else None)
+        for b, run in enumerate(batch):
+            a = int(accepted[b])
+            self._commit(run, run.committed + 1 + a)
+            self._emit(run, [int(t) for t in tokens[b, 1: a + 1].tolist()] + [int(bonus[b])])
+            run.rounds += 1
+            self.stats.round(a + 1, int(nq[b]))
+        self.stats.step_time(self.clock() - t0)
+
+    def _accept(self, batch, tokens, nq, logits, draft_probs):
+        k_max = tokens.shape[1]
+        if self.config.temperature == 0:
+            v = greedy_accept(tokens, nq, logits, k_max)
+            return v.accepted, v.bonus
+        probs = torch.softmax(logits.float() / self.config.temperature, dim=-1)
+        if draft_probs is None:
+            draft_probs = torch.zeros(len(batch), 0, probs.shape[-1], device=probs.device)
+        v = speculative_accept(tokens, nq, probs, draft_probs, [r.generator for r in batch],
+                               k_max)
+        return v.accepted, v.bonus
+
+    def _commit(self, run: RequestRun, n_new: int) -> None:
+        """Eq. 7: rows of positions < n' become history; rejected rows are dropped (I5);
+        completed tail pages are backed up after verification (offload policies)."""
+        p = self.config.page_rows
+        for group in self.hierarchy.groups.values():
+            commit_rows(group, run.request_id, n_new)
+            state = group.request(run.request_id)
+            done = n_new // p - state.tail_lo // p
+            if self.policy.uses_host and done > 0:
+                self.stats.backup_bytes(backup(group, run.request_id, max_pages=done)
+                                        * group.spec.row_bytes * group.spec.payload_layers)
+        self.index.truncate(run.slot, n_new)
+        if self.drafter is not None:
+            self.drafter.rollback(run.slot, n_new)
+        run.committed = n_new

@@ -1,0 +1,97 @@
+"""``HierarchyKV``: the model's ``KVAccess`` served by the KV hierarchy.
+
+Per round and source group ``g`` (model group ``g`` ↔ hierarchy group ``"g{g}"``)::
+
+    write_tail(g, 0, ...)   open_rows: reserve the round's tail rows, write payload 0
+    write_tail(g, p, ...)   followers (GLM-like) write their own bytes at the same rows
+    resolve(g, ...)         one hierarchy resolve → ResolvePlan (locations + host copies)
+    pool(g, p)              applies the plan's host copies to payload p on first use, so
+                            follower copies happen just before the layer that reads them
+    finish_round()          every reader finished: fence, release staging
+
+Counters of every plan accumulate in ``counts`` (what the metrics export).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.common.errors import InvalidArgument
+from services.decode.hierarchy import Hierarchy, SelectionCounts, apply_copies, open_rows, resolve
+from services.decode.hierarchy.resolver import ResolvePlan
+from services.decode.hierarchy.staging import release_staging
+
+
+class HierarchyKV:
+    """Maps model request slots to hierarchy request ids and rounds to resolves."""
+
+    def __init__(self, hierarchy: Hierarchy, groups: int) -> None:
+        self.h = hierarchy
+        self.names = [f"g{g}" for g in range(groups)]
+        self.request_of: dict[int, str] = {}
+        self.counts = SelectionCounts()
+        self.copied_bytes = 0
+        self._opened: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
+        self._plans: dict[int, tuple[ResolvePlan, set[int]]] = {}
+
+    # -- KVAccess ----------------------------------------------------------------------------
+    def write_tail(self, group: int, payload: int, slots: torch.Tensor,
+                   positions: torch.Tensor, rows: torch.Tensor) -> None:
+        g = self.h.group(self.names[group])
+        for slot in torch.unique_consecutive(slots).tolist():
+            mask = slots == slot
+            pos = positions[mask]
+            key = (group, slot)
+            if key not in self._opened:
+                state = g.request(self.request_of[slot])
+                if int(pos[0]) != state.tail_hi:
+                    raise InvalidArgument(
+                        f"positions start at {int(pos[0])} but slot {slot} has opened rows "
+                        f"up to {state.tail_hi}")
+                self._opened[key] = (int(pos[0]), open_rows(g, state.request_id, pos.numel()))
+            start, locs = self._opened[key]
+            g.payload(payload)[locs[pos - start]] = rows[mask]
+
+    def resolve(self, group: int, slots: torch.Tensor, selections: torch.Tensor,
+                bounds: torch.Tensor) -> torch.Tensor:
+        g = self.h.group(self.names[group])
+        rids = [self.request_of[int(s)] for s in slots.tolist()]
+        opened = torch.tensor([g.request(r).tail_hi for r in rids], dtype=torch.int64,
+                              device=bounds.device)
+        visible = torch.minimum(bounds, opened.view(-1, 1))  # padding queries see no more
+        plan = resolve(g, rids, selections, visible)
+        self.counts.add(plan.counts)
+        self._plans[group] = (plan, set(range(g.spec.payload_layers)))
+        return plan.locations
+
+    def pool(self, group: int, payload: int) -> torch.Tensor:
+        g = self.h.group(self.names[group])
+        pending = self._plans.get(group)
+        if pending is not None and payload in pending[1]:
+            self.copied_bytes += apply_copies(g, pending[0], payload)
+            pending[1].discard(payload)
+        return g.payload(payload)
+
+    def tail_rows(self, group: int, payload: int, slots: torch.Tensor,
+                  positions: torch.Tensor) -> torch.Tensor:
+        g = self.h.group(self.names[group])
+        locs = torch.empty_like(positions)
+        for slot in torch.unique(slots).tolist():
+            mask = slots == slot
+            state = g.request(self.request_of[slot])
+            locs[mask] = state.tail_locs[positions[mask] % state.tail_locs.numel()]
+        return g.payload(payload)[locs]
+
+    # -- engine side -------------------------------------------------------------------------
+    def finish_round(self) -> None:
+        """Every attention reader of this round finished: apply leftover copies, fence,
+        release the staging arena (promoted rows copied back to hot slots)."""
+        for group, (plan, layers) in self._plans.items():
+            g = self.h.group(self.names[group])
+            for layer in sorted(layers):
+                self.copied_bytes += apply_copies(g, plan, layer)
+        self._plans.clear()
+        self._opened.clear()
+        self.h.readers_finished()
+        for name in self.names:
+            release_staging(self.h.group(name))
