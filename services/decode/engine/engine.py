@@ -76,8 +76,12 @@ class Engine:
         self.prefixes[prefix_id] = prefix
         return prefix
 
-    def submit(self, spec: GenerateSpec) -> RequestRun:
-        """Queue a request (validated now; nothing changes on a bad one)."""
+    def submit(self, spec: GenerateSpec,
+               on_tokens: Callable[[RequestRun, list[int], float], None] | None = None,
+               on_finish: Callable[[RequestRun], None] | None = None) -> RequestRun:
+        """Queue a request (validated now; nothing changes on a bad one). The callbacks
+        run on the engine's thread: ``on_tokens(run, tokens, time)`` per emission and
+        ``on_finish(run)`` once."""
         cfg = self.config
         if spec.request_id in self.running or any(
                 r.request_id == spec.request_id for r in self.waiting):
@@ -95,7 +99,8 @@ class Engine:
                 f"({cfg.k_max}) exceeds max_context={cfg.max_context}")
         if spec.prompt is not None and any(not 0 <= t < cfg.model.vocab for t in spec.prompt):
             raise InvalidArgument(f"prompt tokens must lie in 0..{cfg.model.vocab - 1}")
-        run = RequestRun(spec, arrival=self.clock(), prompt_len=prompt_len)
+        run = RequestRun(spec, arrival=self.clock(), prompt_len=prompt_len,
+                         on_tokens=on_tokens, on_finish=on_finish)
         self.waiting.append(run)
         return run
 
@@ -206,6 +211,8 @@ class Engine:
         run.tokens.extend(tokens)
         run.emit_times.extend([now] * len(tokens))
         self.stats.tokens(len(tokens))
+        if run.on_tokens is not None and tokens:
+            run.on_tokens(run, tokens, now)
 
     def _finish(self, run: RequestRun) -> None:
         self.hierarchy.release(run.request_id)
@@ -217,6 +224,8 @@ class Engine:
         run.phase, run.finished_at = Phase.FINISHED, self.clock()
         self.finished.append(run)
         self.stats.finish(run)
+        if run.on_finish is not None:
+            run.on_finish(run)
 
     # -- decode rounds ----------------------------------------------------------------------
     def _round(self, batch: list[RequestRun]) -> None:

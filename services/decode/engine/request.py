@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -63,6 +64,9 @@ class RequestRun:
     rounds: int = 0
     generator: torch.Generator | None = None
     ticket: object | None = None
+    on_tokens: Callable[[RequestRun, list[int], float], None] | None = None
+    """Called from the engine thread with each batch of emitted tokens and their time."""
+    on_finish: Callable[[RequestRun], None] | None = None
 
     @property
     def request_id(self) -> str:
