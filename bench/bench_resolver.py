@@ -198,17 +198,21 @@ class Case:
         """One call from the restored state: every location holds its host row, every selected
         row is resident afterwards, each distinct missed row was copied exactly once."""
         self.before(i)
+        n = min(self.bs, 16)
+        if not self.cold:  # device rows of the resident slots hold their host rows (hits)
+            rows = (self.st.res[:n].cpu() + torch.arange(n)[:, None] * self.st.S).flatten()
+            dst = self.st.hot_locs[:n].flatten()
+            self.pool[dst] = self.host.view(-1, self.item)[rows].to(self.pool.device)
         self.locs.fill_(-7)
         self.call(i)
         torch.cuda.synchronize()
         sel, locs = self.sels[i], self.locs
         totals = self.ws.totals[:9].tolist()
-        n = min(self.bs, 16)
         rows = (sel[:n].cpu() + torch.arange(n)[:, None, None] * self.st.S).flatten()
         want = self.host.view(-1, self.item)[rows]
         got = self.pool[locs[:n].flatten()].cpu()
         hot = self.st.hot_rows[: self.bs].sort(1).values
-        pos = torch.searchsorted(hot, sel[:, 0, :]).clamp(max=self.st.B - 1)
+        pos = torch.searchsorted(hot, sel[:, 0, :].contiguous()).clamp(max=self.st.B - 1)
         unique = (
             sum(int(torch.unique(sel[b]).numel()) for b in range(self.bs))
             if not self.cold
@@ -306,6 +310,7 @@ def run_ours(args: dict, rec: dict) -> None:
                         )
                     )
                     rec["cases"].append(r)
+                    write_json(args["out"], rec)  # partial results survive a timeout
                     print_case(r)
                     del case
         rec["fit"] = rec.get("fit", {})

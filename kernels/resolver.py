@@ -33,7 +33,8 @@ S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 ST_SELECTION, ST_NOT_RESIDENT, ST_STAGING = 1 | 2 | 4 | 16, 8, 32
 LOOKUP_THREADS, COMMIT_THREADS = 1024, 512
-COPY_BLOCKS_PER_SM = 2  # 512 threads x 62 registers (ptxas -v): 2 blocks fill an SM
+SORT_N = 4096  # resolver.cu: B <= 4096 sorts in registers; larger B in shared memory
+COPY_BLOCKS_PER_SM = 2  # __launch_bounds__(512, 2): 64 registers (52 B spill, ptxas -v)
 MAX_BATCH, MAX_ENTRIES, MAX_SLOTS = (
     1024,
     65535,
@@ -116,7 +117,7 @@ def lookup(
     check_limit("batch", batch, MAX_BATCH), check_limit("K * k", k_queries * k, MAX_ENTRIES)
     check_limit("hot_slots", hot_slots, MAX_SLOTS)
     words = max(1, -(-rows_bound // 32))
-    pow2 = 1 << max(0, (max(hot_slots, 1) - 1).bit_length())
+    pow2 = max(SORT_N, 1 << max(0, (max(hot_slots, 1) - 1).bit_length()))
     shared = -(-12 * words // 16) * 16 + 8 * pow2
     dev = selections.device.index
     cap = (

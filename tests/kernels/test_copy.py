@@ -135,7 +135,9 @@ def test_layers_pages_ring_commit(row_bytes: int) -> None:
     )
     reference.gather_layers(want, dst_idx, hosts, src_idx)
     side = torch.cuda.Stream()
-    done = copy.on_side_stream(side, lambda *a: copy.gather_layers(pools, *a), dst_idx, src_idx)
+    done = copy.on_side_stream(
+        side, lambda d, s: copy.gather_layers(pools, d, hosts, s), dst_idx, src_idx
+    )
     torch.cuda.current_stream().wait_event(done)
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(pools, want, strict=True))
