@@ -4,7 +4,10 @@ Per round and source group ``g`` (model group ``g`` ↔ hierarchy group ``"g{g}"
 
     write_tail(g, 0, ...)   open_rows: reserve the round's tail rows, write payload 0
     write_tail(g, p, ...)   followers (GLM-like) write their own bytes at the same rows
-    resolve(g, ...)         one hierarchy resolve → ResolvePlan (locations + host copies)
+    resolve(g, ...)         first finishes every earlier group of the round (its readers
+                            are done: fence, release its staged rows, so the shared
+                            staging arena is reused by this group), then one hierarchy
+                            resolve → ResolvePlan (locations + host copies)
     pool(g, p)              applies the plan's host copies to payload p on first use, so
                             follower copies happen just before the layer that reads them
     finish_round()          every reader finished: fence, release staging
@@ -54,6 +57,8 @@ class HierarchyKV:
 
     def resolve(self, group: int, slots: torch.Tensor, selections: torch.Tensor,
                 bounds: torch.Tensor) -> torch.Tensor:
+        for earlier in [e for e in self._plans if e != group]:
+            self._finish_group(earlier)
         g = self.h.group(self.names[group])
         rids = [self.request_of[int(s)] for s in slots.tolist()]
         opened = torch.tensor([g.request(r).tail_hi for r in rids], dtype=torch.int64,
@@ -83,15 +88,19 @@ class HierarchyKV:
         return g.payload(payload)[locs]
 
     # -- engine side -------------------------------------------------------------------------
+    def _finish_group(self, group: int) -> None:
+        """Readers of ``group`` finished: apply leftover copies, fence, release its staged
+        rows (promoted rows are copied back to hot slots first)."""
+        plan, layers = self._plans.pop(group)
+        g = self.h.group(self.names[group])
+        for layer in sorted(layers):
+            self.copied_bytes += apply_copies(g, plan, layer)
+        g.readers_finished(plan.epoch)
+        release_staging(g)
+
     def finish_round(self) -> None:
-        """Every attention reader of this round finished: apply leftover copies, fence,
-        release the staging arena (promoted rows copied back to hot slots)."""
-        for group, (plan, layers) in self._plans.items():
-            g = self.h.group(self.names[group])
-            for layer in sorted(layers):
-                self.copied_bytes += apply_copies(g, plan, layer)
-        self._plans.clear()
+        """Every attention reader of this round finished."""
+        for group in list(self._plans):
+            self._finish_group(group)
         self._opened.clear()
         self.h.readers_finished()
-        for name in self.names:
-            release_staging(self.h.group(name))

@@ -15,6 +15,7 @@ than ``finished_epoch`` are protected: not evicted, released or retired.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -25,7 +26,18 @@ from .config import HierarchyConfig, SourceSpec
 from .counters import SelectionCounts
 from .pool import PagePool
 from .request import RequestState
-from .staging import StagingArena
+from .staging import StagingArena, StagingView
+
+
+@dataclass(frozen=True, slots=True)
+class SharedLayout:
+    """Where a group lives inside tensors shared with other groups (see staging.py):
+    its payload views (all starting at row 0 of the shared tensors), the first page id
+    it owns, and the staging arena it shares."""
+
+    payloads: list[torch.Tensor]
+    first_page: int
+    arena: StagingArena
 
 
 class SourceGroup:
@@ -37,6 +49,8 @@ class SourceGroup:
         config: HierarchyConfig,
         source_ids: Sequence[int] | None = None,
         provider: HostBackingProvider | None = None,
+        *,
+        layout: SharedLayout | None = None,
     ) -> None:
         source_ids = tuple(range(spec.payload_layers)) if source_ids is None else tuple(source_ids)
         if len(source_ids) != spec.payload_layers:
@@ -52,12 +66,20 @@ class SourceGroup:
         self.provider = provider
         # resolved device ("cuda" -> "cuda:0") so tensor device checks compare equal
         self.device = torch.empty(0, device=config.torch_device).device
-        self.payloads = [
-            torch.zeros(config.pool_rows, spec.row_bytes, dtype=torch.uint8, device=self.device)
-            for _ in range(spec.payload_layers)
-        ]
-        self.pages = PagePool(config.num_pages, config.reserve_pages)
-        self.staging = StagingArena(config.num_pages * config.page_rows, config.staging_rows)
+        self.staging: StagingArena | StagingView
+        if layout is None:
+            self.payloads = [
+                torch.zeros(config.pool_rows, spec.row_bytes, dtype=torch.uint8,
+                            device=self.device)
+                for _ in range(spec.payload_layers)
+            ]
+            self.pages = PagePool(config.num_pages, config.reserve_pages)
+            self.staging = StagingArena(config.num_pages * config.page_rows,
+                                        config.staging_rows)
+        else:
+            self.payloads = layout.payloads
+            self.pages = PagePool(config.num_pages, config.reserve_pages, layout.first_page)
+            self.staging = StagingView(layout.arena, spec.name)
         self.requests: dict[str, RequestState] = {}
         self.clock = 0  # epoch of the latest resolve
         self.finished_epoch = 0  # every reader of epochs <= this finished

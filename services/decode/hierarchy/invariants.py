@@ -138,7 +138,7 @@ def assert_no_leak(group: SourceGroup) -> None:
     assert len(free) == len(set(free)) and not set(free) & set(owned), "I6: free list"
     assert len(free) + len(owned) == group.config.num_pages, "I6: pages do not balance"
     arena = group.staging
-    locs = list(arena.free_locs) + list(arena.staged)
+    locs = arena.all_locs()
     assert sorted(locs) == list(range(arena.base_row, arena.base_row + arena.capacity)), (
         "I6: staging rows do not balance"
     )

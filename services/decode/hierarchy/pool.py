@@ -25,10 +25,11 @@ PAGE_KINDS = ("required", "optional")
 class PagePool:
     """Free list and ownership kind of ``num_pages`` pages."""
 
-    def __init__(self, num_pages: int, reserve_pages: int) -> None:
+    def __init__(self, num_pages: int, reserve_pages: int, first_id: int = 0) -> None:
         self.num_pages = num_pages
         self.reserve_pages = reserve_pages
-        self.free_ids: deque[int] = deque(range(num_pages))
+        self.first_id = first_id  # groups sharing one tensor own disjoint id ranges
+        self.free_ids: deque[int] = deque(range(first_id, first_id + num_pages))
         self.kind: dict[int, str] = {}
 
     @property

@@ -1,9 +1,19 @@
 """Staging arena: overflow rows of a resolve whose miss union exceeds the free hot slots.
 
-One arena per source group, at the end of every payload tensor of the group::
+A standalone source group has its own arena at the end of every payload tensor::
 
     pool rows: [ pages: num_pages * p ][ staging: staging_rows ]
                                         ^ base_row
+
+A ``Hierarchy`` of several groups shares ONE arena between them (paper §3.4: groups run
+one after another, so the arena of a finished group is reused by the next). Each group
+then sees it through a ``StagingView`` that only acquires, lists and releases its own
+rows; rows of group g must be released (readers finished, promoted) before group g+1
+can use them, so a later group never overwrites rows an earlier one still reads::
+
+    shared payload tensor of payload layer m (every group's view starts at row 0):
+    [ staging: S ][ pages of group 0 ][ pages of group 1 ] ... [ pages of group G-1 ]
+      ^ base_row 0  ^ first_page = S/p  ^ S/p + M
 
 Life of a staged row (paper §3.4)::
 
@@ -38,6 +48,7 @@ class StagedRow:
     row: int  # source row index
     loc: int  # pool row in the arena
     epoch: int  # resolve that staged it
+    owner: str = ""  # source group that staged it (shared arenas)
 
 
 class StagingArena:
@@ -52,7 +63,8 @@ class StagingArena:
     def can_acquire(self, n: int) -> bool:
         return n <= len(self.free_locs)
 
-    def acquire(self, request_id: str, rows: list[int], epoch: int) -> list[int]:
+    def acquire(self, request_id: str, rows: list[int], epoch: int,
+                owner: str = "") -> list[int]:
         if not self.can_acquire(len(rows)):
             raise ResourceExhausted(
                 f"staging rows={len(rows)} exceed the free staging rows={len(self.free_locs)} "
@@ -60,30 +72,84 @@ class StagingArena:
             )
         locs = [self.free_locs.popleft() for _ in rows]
         for row, loc in zip(rows, locs, strict=True):
-            self.staged[loc] = StagedRow(request_id, row, loc, epoch)
+            self.staged[loc] = StagedRow(request_id, row, loc, epoch, owner)
         return locs
+
+    def entries(self, owner: str | None = None) -> list[StagedRow]:
+        """Staged rows in acquisition order (of one owner, or all)."""
+        return [e for e in self.staged.values() if owner is None or e.owner == owner]
 
     @property
     def max_epoch(self) -> int:
         return max((e.epoch for e in self.staged.values()), default=0)
 
-    def release(self, finished_epoch: int) -> list[StagedRow]:
-        """Free every staged row; FailedPrecondition while any of its readers run."""
-        if self.max_epoch > finished_epoch:
+    def release(self, finished_epoch: int, owner: str | None = None) -> list[StagedRow]:
+        """Free the staged rows (of ``owner``); FailedPrecondition while readers run."""
+        entries = self.entries(owner)
+        busy = max((e.epoch for e in entries), default=0)
+        if busy > finished_epoch:
             raise FailedPrecondition(
-                f"staged rows of epoch={self.max_epoch} still have readers "
+                f"staged rows of epoch={busy} still have readers "
                 f"(finished_epoch={finished_epoch}); call readers_finished first"
             )
-        entries = list(self.staged.values())
-        self.staged.clear()
+        for e in entries:
+            del self.staged[e.loc]
         self.free_locs.extend(e.loc for e in entries)
         return entries
 
-    def drop_request(self, request_id: str) -> None:
+    def drop_request(self, request_id: str, owner: str | None = None) -> None:
         """Free the rows of a released request (its readers finished)."""
-        for loc in [loc for loc, e in self.staged.items() if e.request_id == request_id]:
-            del self.staged[loc]
-            self.free_locs.append(loc)
+        for e in self.entries(owner):
+            if e.request_id == request_id:
+                del self.staged[e.loc]
+                self.free_locs.append(e.loc)
+
+    def all_locs(self) -> list[int]:
+        """Every arena row, free or staged (by any owner): the I6 balance check."""
+        return list(self.free_locs) + list(self.staged)
+
+
+class StagingView:
+    """One source group's window on a shared ``StagingArena`` (same interface)."""
+
+    def __init__(self, arena: StagingArena, owner: str) -> None:
+        self.arena = arena
+        self.owner = owner
+
+    @property
+    def base_row(self) -> int:
+        return self.arena.base_row
+
+    @property
+    def capacity(self) -> int:
+        return self.arena.capacity
+
+    @property
+    def free_locs(self) -> deque[int]:
+        return self.arena.free_locs
+
+    @property
+    def staged(self) -> dict[int, StagedRow]:
+        return {e.loc: e for e in self.arena.entries(self.owner)}
+
+    def can_acquire(self, n: int) -> bool:
+        return self.arena.can_acquire(n)
+
+    def acquire(self, request_id: str, rows: list[int], epoch: int) -> list[int]:
+        return self.arena.acquire(request_id, rows, epoch, self.owner)
+
+    @property
+    def max_epoch(self) -> int:
+        return max((e.epoch for e in self.arena.entries(self.owner)), default=0)
+
+    def release(self, finished_epoch: int) -> list[StagedRow]:
+        return self.arena.release(finished_epoch, self.owner)
+
+    def drop_request(self, request_id: str) -> None:
+        self.arena.drop_request(request_id, self.owner)
+
+    def all_locs(self) -> list[int]:
+        return self.arena.all_locs()
 
 
 def release_staging(group: SourceGroup) -> int:

@@ -3,6 +3,13 @@
 An engine holds one ``Hierarchy``; each KV source group is resolved separately
 (``resolve(h.group(name), ...)``), but a request is admitted to and released from every
 group at once: either it is admitted everywhere or nowhere.
+
+When the groups have the same shape (row bytes, payload layers) they share one staging
+arena (paper §3.4: ``M_stage = χ·N·K_max·k·d_KV`` for the χ payload sources live at
+once, not one arena per group): payload layer m of every group lives in one tensor,
+``[ staging | pages of group 0 | pages of group 1 | ... ]``, and each group sees a view
+starting at row 0 (see staging.py). The engine releases a group's staged rows once its
+readers finished, before the next group resolves.
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ from services.common.backing import HostBackingProvider
 from services.common.errors import InvalidArgument, NotFound, ResourceExhausted
 
 from .config import HierarchyConfig, SourceSpec
-from .group import SourceGroup
+from .group import SharedLayout, SourceGroup
 from .pages import admit, can_admit, release
+from .staging import StagingArena
 
 
 class Hierarchy:
@@ -27,17 +35,39 @@ class Hierarchy:
         config: HierarchyConfig,
         specs: Sequence[SourceSpec],
         provider: HostBackingProvider | None = None,
+        share_staging: bool = True,
     ) -> None:
         names = [s.name for s in specs]
         if not names or len(set(names)) != len(names):
             raise InvalidArgument(f"specs names={names} must be non-empty and distinct")
         self.config = config
         self.groups: dict[str, SourceGroup] = {}
+        layouts = self._shared_layouts(config, specs) if share_staging else None
         next_id = 0
-        for spec in specs:
+        for i, spec in enumerate(specs):
             ids = range(next_id, next_id + spec.payload_layers)
-            self.groups[spec.name] = SourceGroup(spec, config, ids, provider)
+            self.groups[spec.name] = SourceGroup(
+                spec, config, ids, provider, layout=None if layouts is None else layouts[i])
             next_id += spec.payload_layers
+        self.shared_staging = layouts is not None
+
+    @staticmethod
+    def _shared_layouts(config: HierarchyConfig,
+                        specs: Sequence[SourceSpec]) -> list[SharedLayout] | None:
+        """One tensor per payload layer for all groups, staging first (page-aligned)."""
+        shapes = {(s.row_bytes, s.payload_layers) for s in specs}
+        if len(specs) < 2 or len(shapes) != 1 or config.staging_rows == 0:
+            return None
+        (row_bytes, layers), = shapes
+        p, pages = config.page_rows, config.num_pages
+        staged_pages = -(-config.staging_rows // p)
+        rows = (staged_pages + len(specs) * pages) * p
+        shared = [torch.zeros(rows, row_bytes, dtype=torch.uint8, device=config.torch_device)
+                  for _ in range(layers)]
+        arena = StagingArena(0, config.staging_rows)
+        return [SharedLayout([t[: (staged_pages + (i + 1) * pages) * p] for t in shared],
+                             staged_pages + i * pages, arena)
+                for i in range(len(specs))]
 
     def group(self, name: str) -> SourceGroup:
         found = self.groups.get(name)
