@@ -120,3 +120,18 @@ def test_bad_config_names_the_option(kwargs, fragment) -> None:
     with pytest.raises(InvalidArgument) as info:
         EngineConfig(**{"preset": "tiny", **kwargs})
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("topology", ["glm", "deepseek"])
+def test_speculative_memory_matches_the_formulas(topology) -> None:
+    cfg = pressured("adaptive-spec", topology, pages=400, draft_window=16)
+    engine = Engine(cfg)
+    mem = engine.spec_memory()
+    ring, staging = engine.allocated_spec_bytes()
+    assert mem.ring_rows == cfg.page_rows * -(-(16 + cfg.page_rows - 1 + 4) // cfg.page_rows)
+    assert ring == mem.ring_bytes  # eq. 9: N · R_d · d_draft, whatever the context
+    assert staging == mem.staging_bytes  # χ · N · K_max · k · d_KV, one arena for all groups
+    longer = Engine(pressured("adaptive-spec", topology, pages=400, draft_window=16,
+                              max_context=1024))
+    assert longer.allocated_spec_bytes() == (ring, staging)  # independent of context
+    assert Engine(pressured("adaptive", topology, pages=400)).spec_memory() is None

@@ -36,6 +36,7 @@ from services.decode.hierarchy import coverage as group_coverage
 from services.decode.model.model import DSAModel, Prefix
 from services.decode.spec.acceptance import greedy_accept, sample_from, speculative_accept
 from services.decode.spec.drafter import Drafter, DrafterConfig
+from services.decode.spec.memory import SpecMemory, spec_memory
 
 PREFIX_CACHE = 8  # prompt prefills kept for reuse (identical prompts import, not prefill)
 
@@ -128,6 +129,29 @@ class Engine:
                 return
             self.step()
         raise RuntimeError(f"engine not idle after max_steps={max_steps}")
+
+    def spec_memory(self) -> SpecMemory | None:
+        """Ring and staging bytes per session and per worker (eq. 9, §3.4), from the
+        formulas; ``allocated_spec_bytes`` reports what is actually allocated."""
+        if self.drafter is None:
+            return None
+        cfg, m = self.config, self.config.model
+        ring = self.drafter.rings[0]
+        return spec_memory(
+            window=cfg.draft_window, page=cfg.page_rows, k_max=cfg.k_max,
+            draft_row_bytes=len(self.drafter.rings) * ring.storage[0].numel()
+            * ring.storage.element_size(),
+            live_sources=m.payloads_per_group, slots=cfg.max_requests, top_k=m.top_k,
+            row_bytes=m.row_bytes)
+
+    def allocated_spec_bytes(self) -> tuple[int, int]:
+        """(draft ring bytes, staging arena bytes) as allocated on this worker."""
+        ring = self.drafter.nbytes if self.drafter is not None else 0
+        group = next(iter(self.hierarchy.groups.values()))
+        arenas = 1 if self.hierarchy.shared_staging else len(self.hierarchy.groups)
+        staging = (arenas * group.staging.capacity * group.spec.row_bytes
+                   * group.spec.payload_layers)
+        return ring, staging
 
     def coverage(self) -> float:
         groups = self.hierarchy.groups.values()
