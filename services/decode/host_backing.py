@@ -1,0 +1,123 @@
+"""Host backing that rides out a kvstore restart.
+
+The mapped client (``services.kvstore.client``) reads and writes rows through its
+shared-memory mapping, which keeps working while the store is down; only ``open``,
+``commit`` and ``close`` need the store and raise ``Unavailable`` then. This wrapper
+retries ``open`` and ``commit`` (the engine thread waits, then continues with the same
+bytes: no token changes) and defers ``close`` to a background thread, so a kill -9 of the
+kvstore pauses decoding for the restart and loses nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+from services.common.backing import HostBacking
+from services.common.errors import NotFound, Unavailable
+from services.common.logging import get_logger
+from services.kvstore.client import KVStoreClient
+
+log = get_logger("decode.backing")
+T = TypeVar("T")
+
+
+class RetryingHistory:
+    """A mapped history whose ``commit`` waits for the store to come back."""
+
+    def __init__(self, inner: HostBacking, retry: Callable[[Callable[[], T], str], T]) -> None:
+        self._inner, self._retry = inner, retry
+
+    @property
+    def row_bytes(self) -> int:
+        return self._inner.row_bytes
+
+    @property
+    def num_rows(self) -> int:
+        return self._inner.num_rows
+
+    def rows(self) -> torch.Tensor:
+        return self._inner.rows()
+
+    def backed_mask(self) -> torch.Tensor:
+        return self._inner.backed_mask()
+
+    def write(self, start: int, data: torch.Tensor) -> None:
+        self._inner.write(start, data)
+
+    def commit(self, start: int, stop: int) -> None:
+        self._retry(lambda: self._inner.commit(start, stop), f"commit [{start}, {stop})")
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class RetryingProvider:
+    """``HostBackingProvider`` over a :class:`KVStoreClient` with retries (see module doc)."""
+
+    def __init__(self, client: KVStoreClient, retry_seconds: float = 60.0,
+                 backoff_s: float = 0.1) -> None:
+        self.client = client
+        self.retry_seconds = retry_seconds
+        self.backoff_s = backoff_s
+        self.retries = 0
+        self._deferred: list[tuple[str, int]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._closer = threading.Thread(target=self._close_deferred, daemon=True,
+                                        name="kvstore-deferred-close")
+        self._closer.start()
+
+    def _retry(self, fn: Callable[[], T], what: str) -> T:
+        deadline = time.monotonic() + self.retry_seconds
+        while True:
+            try:
+                return fn()
+            except Unavailable as exc:
+                if time.monotonic() > deadline:
+                    raise
+                self.retries += 1
+                if self.retries % 20 == 1:
+                    log.warning("kvstore unavailable; retrying %s: %s", what, exc)
+                time.sleep(self.backoff_s)
+
+    def open(self, request_id: str, source_id: int, row_bytes: int,
+             num_rows: int) -> RetryingHistory:
+        inner = self._retry(lambda: self.client.open(request_id, source_id, row_bytes,
+                                                     num_rows), f"open {request_id}")
+        return RetryingHistory(inner, self._retry)
+
+    def close(self, request_id: str, source_id: int) -> None:
+        try:
+            self.client.close(request_id, source_id)
+        except Unavailable:
+            with self._lock:
+                self._deferred.append((request_id, source_id))
+
+    @property
+    def deferred(self) -> int:
+        with self._lock:
+            return len(self._deferred)
+
+    def _close_deferred(self) -> None:
+        while not self._stop.wait(0.5):
+            with self._lock:
+                todo, self._deferred = self._deferred, []
+            for i, key in enumerate(todo):
+                try:
+                    self.client.close(*key)
+                except NotFound:
+                    pass                      # its lease expired meanwhile: already freed
+                except Unavailable:
+                    with self._lock:
+                        self._deferred.extend(todo[i:])
+                    break
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._closer.join(timeout=2)
+        self.client.shutdown()

@@ -1,0 +1,352 @@
+"""Admission through the residency controller over gRPC (LocalAdmission's interface).
+
+The engine calls ``admit`` / ``granted`` / ``take_commands`` / ``ack`` / ``release`` on its
+own thread and never blocks on the network::
+
+    admit(rid, ...)   → a RemoteTicket at once; Admit runs in the background (wait_for_ready,
+                        honouring the admission deadline) and resolves it: GRANTED with the
+                        grant, or failed with ``ticket.error`` (RESOURCE_EXHAUSTED,
+                        DEADLINE_EXCEEDED, ...), which the worker turns into the request's status
+    Session thread    RegisterWorker (with the live requests: a restarted controller rebuilds
+                        from them), releases requests the controller holds that this process
+                        does not know (a previous incarnation's), then the Session stream:
+                        hello, acks and heartbeats up; commands down into a queue that
+                        ``take_commands`` drains. A broken stream reconnects with backoff;
+                        running requests keep decoding meanwhile.
+    Release thread    Release RPCs, retried while the controller is down.
+
+Commands are idempotent here: a command re-sent after a reconnect whose ack was lost is
+acknowledged again without executing it twice.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from services.common import errors
+from services.common.gen.dhisparse.v1 import residency_pb2 as pb
+from services.common.gen.dhisparse.v1 import residency_pb2_grpc
+from services.common.interceptors import token_metadata
+from services.common.logging import get_logger
+from services.kvstore.rpc import domain_error
+from services.residency.core import Command, CommandKind, Grant, TicketState
+
+log = get_logger("decode.admission")
+
+CHANNEL_OPTIONS = (
+    # A restarted controller should be found within ~0.5 s, not after grpc's long backoff.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+)
+RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+
+
+@dataclass(slots=True, eq=False)
+class RemoteTicket:
+    """One admission in flight; ``state``/``grant`` are set by the RPC thread."""
+
+    request_id: str
+    required_pages: int
+    history_pages: int
+    deadline: float
+    state: TicketState = TicketState.WAITING
+    grant: Grant | None = None
+    error: errors.DHiSparseError | None = None
+    call: grpc.Future | None = None
+    withdrawn: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPool:
+    """What the worker registers: its pool and where it serves."""
+
+    worker_id: str
+    address: str
+    capacity_pages: int
+    reserve_pages: int
+    request_slots: int
+    page_rows: int
+    page_bytes: int
+
+
+LiveReports = Callable[[dict[str, RemoteTicket]], list[pb.RequestPages]]
+
+
+class RemoteAdmission:
+    def __init__(self, target: str, pool: WorkerPool, live_reports: LiveReports,
+                 admit_timeout_s: float = 120.0, token: str | None = None,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        self.pool, self.worker_id = pool, pool.worker_id
+        self.admit_timeout_s = admit_timeout_s
+        self._live_reports = live_reports
+        self._metadata = token_metadata(token)
+        self._channel = (grpc.secure_channel(target, credentials, CHANNEL_OPTIONS)
+                         if credentials is not None
+                         else grpc.insecure_channel(target, CHANNEL_OPTIONS))
+        self._stub = residency_pb2_grpc.ResidencyStub(self._channel)
+        self._lock = threading.Lock()
+        self._pending: dict[str, RemoteTicket] = {}    # Admit in flight
+        self._live: dict[str, RemoteTicket] = {}       # granted, not released
+        self._commands: deque[Command] = deque()
+        self._done: dict[int, bool] = {}               # acknowledged command ids
+        self._out: queue.Queue[pb.WorkerReport | None] | None = None
+        self._releases: queue.Queue[str | None] = queue.Queue()
+        self._stop = threading.Event()
+        self.epoch = 0
+        self.connected = threading.Event()
+        self.sessions = 0
+        self._session_call: grpc.Future | None = None
+        self._threads = [threading.Thread(target=self._session_forever, daemon=True,
+                                          name="residency-session"),
+                         threading.Thread(target=self._release_forever, daemon=True,
+                                          name="residency-release")]
+        for t in self._threads:
+            t.start()
+
+    # -- LocalAdmission's interface (engine thread) ----------------------------------------
+    def admit(self, request_id: str, required_pages: int, history_pages: int) -> RemoteTicket:
+        ticket = RemoteTicket(request_id, required_pages, history_pages,
+                              time.monotonic() + self.admit_timeout_s)
+        with self._lock:
+            self._pending[request_id] = ticket
+        self._call_admit(ticket)
+        return ticket
+
+    @staticmethod
+    def granted(ticket: RemoteTicket) -> bool:
+        return ticket.state is TicketState.GRANTED
+
+    def take_commands(self) -> list[Command]:
+        out = []
+        with self._lock:
+            while self._commands:
+                cmd = self._commands.popleft()
+                if cmd.command_id in self._done:      # re-sent after a lost ack
+                    self._send_ack(cmd.command_id, self._done[cmd.command_id])
+                elif cmd.request_id not in self._live:
+                    self._send_ack(cmd.command_id, False, "unknown request")
+                else:
+                    out.append(cmd)
+        return out
+
+    def ack(self, command: Command, ok: bool = True) -> None:
+        with self._lock:
+            self._done[command.command_id] = ok
+            self._send_ack(command.command_id, ok)
+
+    def release(self, request_id: str) -> None:
+        with self._lock:
+            self._live.pop(request_id, None)
+        self._releases.put(request_id)
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    # -- beyond LocalAdmission ------------------------------------------------------------
+    def cancel(self, ticket: RemoteTicket) -> None:
+        """Withdraw an admission (the client went away); releases it if it was granted."""
+        ticket.withdrawn = True
+        if ticket.call is not None:
+            ticket.call.cancel()
+        with self._lock:
+            self._pending.pop(ticket.request_id, None)
+            granted = self._live.pop(ticket.request_id, None) is not None
+        if granted:
+            self._releases.put(ticket.request_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            tickets = list(self._pending.values())
+        for t in tickets:
+            self.cancel(t)
+        if self._session_call is not None:
+            self._session_call.cancel()
+        if self._out is not None:
+            self._out.put(None)
+        self._releases.put(None)
+        for t in self._threads:
+            t.join(timeout=3)
+        self._channel.close()
+
+    # -- Admit ------------------------------------------------------------------------------
+    def _call_admit(self, ticket: RemoteTicket) -> None:
+        remaining = ticket.deadline - time.monotonic()
+        if remaining <= 0:
+            self._fail(ticket, errors.DeadlineExceeded(
+                f"request {ticket.request_id}: not admitted within the admission deadline of "
+                f"{self.admit_timeout_s:.0f}s (residency controller unreachable or busy)"))
+            return
+        req = pb.AdmitRequest(request_id=ticket.request_id, worker_id=self.worker_id,
+                              required_pages=ticket.required_pages,
+                              history_pages=ticket.history_pages)
+        ticket.call = self._stub.Admit.future(req, timeout=remaining, wait_for_ready=True,
+                                              metadata=self._metadata)
+        ticket.call.add_done_callback(lambda call: self._admitted(ticket, call))
+
+    def _admitted(self, ticket: RemoteTicket, call: grpc.Future) -> None:
+        if call.cancelled():
+            return
+        if ticket.withdrawn or self._stop.is_set():
+            if call.exception() is None:
+                self._releases.put(ticket.request_id)      # granted at the last instant
+            return
+        exc = call.exception()
+        if exc is None:
+            r = call.result()
+            grant = Grant(r.request_id, r.worker_id, r.worker_address, r.required_pages,
+                          r.optional_pages, r.wait_seconds, tuple(r.reclaimed_requests))
+            with self._lock:
+                self._pending.pop(ticket.request_id, None)
+                self._live[ticket.request_id] = ticket
+            ticket.grant = grant
+            ticket.state = TicketState.GRANTED
+            return
+        code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
+        if code in RETRY_CODES and time.monotonic() < ticket.deadline:
+            # The controller is down, or restarted and does not know this worker yet (the
+            # session re-registers it): try again shortly.
+            timer = threading.Timer(0.2, self._call_admit, (ticket,))
+            timer.daemon = True
+            timer.start()
+            return
+        err = domain_error(exc)
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            err = errors.DeadlineExceeded(
+                f"request {ticket.request_id}: not admitted within the admission deadline of "
+                f"{self.admit_timeout_s:.0f}s ({exc.details()})")
+        else:
+            err = type(err)(f"admission of {ticket.request_id}: {code.name}: {exc.details()}")
+        self._fail(ticket, err)
+
+    def _fail(self, ticket: RemoteTicket, err: errors.DHiSparseError) -> None:
+        with self._lock:
+            self._pending.pop(ticket.request_id, None)
+        ticket.error = err
+        ticket.state = TicketState.CANCELLED
+
+    # -- Session ----------------------------------------------------------------------------
+    def _hello(self) -> pb.RegisterWorkerRequest:
+        p = self.pool
+        with self._lock:
+            live = dict(self._live)
+        return pb.RegisterWorkerRequest(
+            worker_id=p.worker_id, address=p.address, capacity_pages=p.capacity_pages,
+            reserve_pages=p.reserve_pages, page_rows=p.page_rows, page_bytes=p.page_bytes,
+            request_slots=p.request_slots, requests=self._live_reports(live))
+
+    def _session_forever(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                self._session_once()
+                backoff = 0.1
+            except grpc.RpcError as exc:
+                if not self._stop.is_set():
+                    code = exc.code() if isinstance(exc, grpc.Call) else None
+                    log.warning("residency session lost (%s); reconnecting",
+                                code.name if code else exc)
+            except Exception:
+                log.exception("residency session failed; reconnecting")
+            self.connected.clear()
+            self._stop.wait(backoff)
+            backoff = min(2.0, backoff * 2)
+
+    def _session_once(self) -> None:
+        hello = self._hello()
+        reply = self._stub.RegisterWorker(hello, timeout=5.0, metadata=self._metadata)
+        new_epoch = reply.epoch != self.epoch
+        self.epoch = reply.epoch
+        self._release_strangers()
+        heartbeat = min(1.0, max(0.05, reply.heartbeat_timeout_s / 4))
+        out: queue.Queue[pb.WorkerReport | None] = queue.Queue()
+        with self._lock:
+            if new_epoch:        # a new controller: its command ids never collide with ours
+                self._done.clear()
+            self._out = out
+        call = self._stub.Session(self._reports(self._hello(), out, heartbeat),
+                                  metadata=self._metadata)
+        self._session_call = call
+        self.sessions += 1
+        self.connected.set()
+        log.info("residency session open", extra={"fields": {
+            "worker": self.worker_id, "epoch": reply.epoch, "adopted": reply.adopted_requests}})
+        try:
+            for msg in call:
+                kind = msg.WhichOneof("kind")
+                if kind is None:
+                    continue
+                cmd = Command(msg.command_id, CommandKind(kind), self.worker_id,
+                              msg.request_id, getattr(msg, kind).pages)
+                with self._lock:
+                    self._commands.append(cmd)
+        finally:
+            with self._lock:
+                if self._out is out:
+                    self._out = None
+            out.put(None)
+
+    def _reports(self, hello: pb.RegisterWorkerRequest, out: queue.Queue,
+                 heartbeat_s: float) -> Iterator[pb.WorkerReport]:
+        yield pb.WorkerReport(worker_id=self.worker_id, hello=hello)
+        while True:
+            try:
+                msg = out.get(timeout=heartbeat_s)
+            except queue.Empty:
+                msg = pb.WorkerReport(worker_id=self.worker_id, heartbeat=True)
+            if msg is None:
+                return
+            yield msg
+
+    def _send_ack(self, command_id: int, ok: bool, error: str = "") -> None:
+        """Queue an ack on the live session (caller holds the lock). With no session the
+        ack is dropped: the controller re-sends the command and ``_done`` re-acks it."""
+        if self._out is not None:
+            self._out.put(pb.WorkerReport(worker_id=self.worker_id, acks=[
+                pb.CommandAck(command_id=command_id, ok=ok, error=error)]))
+
+    def _release_strangers(self) -> None:
+        """Release requests the controller holds for this worker that this process does
+        not know: a previous incarnation's (killed) requests would pin pages forever."""
+        state = self._stub.GetState(pb.GetStateRequest(worker_id=self.worker_id,
+                                                       include_requests=True),
+                                    timeout=5.0, metadata=self._metadata)
+        for w in state.workers:
+            for r in w.requests:
+                with self._lock:
+                    known = r.request_id in self._live or r.request_id in self._pending
+                if not known:
+                    log.info("releasing a stale request of this worker",
+                             extra={"fields": {"request": r.request_id}})
+                    self._releases.put(r.request_id)
+
+    # -- Release ----------------------------------------------------------------------------
+    def _release_forever(self) -> None:
+        while (rid := self._releases.get()) is not None:
+            backoff = 0.1
+            while not self._stop.is_set():
+                try:
+                    self._stub.Release(pb.ReleaseRequest(request_id=rid,
+                                                         worker_id=self.worker_id),
+                                       timeout=5.0, metadata=self._metadata)
+                    break
+                except grpc.RpcError as exc:
+                    code = exc.code() if isinstance(exc, grpc.Call) else None
+                    if code in (grpc.StatusCode.NOT_FOUND,
+                                grpc.StatusCode.FAILED_PRECONDITION):
+                        break    # a restarted controller never knew it: nothing to free
+                    if code is not grpc.StatusCode.UNAVAILABLE:
+                        log.warning("release of %s failed: %s", rid, exc)
+                        break
+                    self._stop.wait(backoff)
+                    backoff = min(1.0, backoff * 2)
