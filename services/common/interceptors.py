@@ -93,7 +93,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                             yield item
                     except (grpc.aio.AbortError, grpc.RpcError, asyncio.CancelledError):
                         raise
-                    except Exception as exc:  # noqa: BLE001 - mapped to a status
+                    except Exception as exc:
                         await _abort_for(exc, context, method)
                 return stream_call
 
@@ -103,7 +103,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     return await result if inspect.isawaitable(result) else result
                 except (grpc.aio.AbortError, grpc.RpcError, asyncio.CancelledError):
                     raise
-                except Exception as exc:  # noqa: BLE001 - mapped to a status
+                except Exception as exc:
                     await _abort_for(exc, context, method)
             return unary_call
 

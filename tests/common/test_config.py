@@ -12,7 +12,7 @@ from services.common.errors import ConfigError
 
 @dataclass(slots=True)
 class StoreLikeConfig(ServiceConfig):
-    capacity: Size = Size(1 << 30)
+    capacity: Size = 1 << 30  # type: ignore[assignment]
     lease_seconds: float = 30.0
 
 

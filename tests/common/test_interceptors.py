@@ -34,10 +34,10 @@ class Raising(kvstore_pb2_grpc.KVStoreServicer):
     def __init__(self) -> None:
         self.exc: BaseException = RuntimeError("boom")
 
-    async def GetStats(self, request, context):  # noqa: N802 - gRPC naming
+    async def GetStats(self, request, context):
         raise self.exc
 
-    async def ReadRows(self, request, context):  # noqa: N802
+    async def ReadRows(self, request, context):
         yield kvstore_pb2.ReadRowsChunk(first_row=0, data=b"x")
         raise self.exc
 

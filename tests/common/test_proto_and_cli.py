@@ -61,3 +61,20 @@ def test_service_commands_accept_the_contract_flags() -> None:
             pytest.fail(f"dhisparse {name} is not implemented")
         for flag in ("--host", "--port", "--metrics-port"):
             assert flag in result.stdout, (name, flag)
+
+
+def test_a_missing_command_body_exits_non_zero_with_one_line() -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from services.cli.main import _not_implemented, _resolve
+
+    assert _resolve("services.no_such_module:command") is None
+    app = typer.Typer()
+    app.command("later")(_not_implemented("later", "services.no_such_module:command"))
+    app.command("other")(lambda: None)
+    result = CliRunner().invoke(app, ["later"])
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == ["dhisparse later: not implemented yet "
+                     "(services.no_such_module:command is missing)"]
