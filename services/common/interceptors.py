@@ -64,8 +64,10 @@ _KINDS = (
 )
 
 
-def _rebuild(handler: grpc.RpcMethodHandler,
-             wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> grpc.RpcMethodHandler:
+Wrapper = Callable[[Callable[..., Any], bool], Callable[..., Any]]
+
+
+def _rebuild(handler: grpc.RpcMethodHandler, wrap: Wrapper) -> grpc.RpcMethodHandler:
     """The same handler with its behaviour function replaced by ``wrap(fn, streaming)``."""
     for attr, factory, streaming in _KINDS:
         fn = getattr(handler, attr)
