@@ -50,6 +50,8 @@ class RetryingHistory:
         self._inner.write(start, data)
 
     def commit(self, start: int, stop: int) -> None:
+        if start >= stop:          # nothing to mark (the store rejects empty ranges)
+            return
         self._retry(lambda: self._inner.commit(start, stop), f"commit [{start}, {stop})")
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from services.decode.servicer import SERVICE_NAME, DecodeServicer, register
 from services.decode.worker import DecodeWorker
 
 log = get_logger("decode")
+REGISTER_WAIT_S = 10.0
 
 
 async def run(config: DecodeConfig, stop_event: asyncio.Event | None = None) -> None:
@@ -27,6 +28,8 @@ async def run(config: DecodeConfig, stop_event: asyncio.Event | None = None) -> 
     worker = DecodeWorker(config, metrics,
                           on_fatal=lambda exc: loop.call_soon_threadsafe(stop.set))
     worker.start()
+    if config.residency:     # serve once registered (or after a while: it keeps trying)
+        await asyncio.to_thread(worker.admission.connected.wait, REGISTER_WAIT_S)
     handle = await create_server(config, register=lambda s: register(DecodeServicer(worker), s),
                                  service_names=[SERVICE_NAME])
     metrics_server = start_metrics_server(config.metrics_port, metrics.registry)

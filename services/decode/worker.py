@@ -12,8 +12,8 @@
 
 Admission is the residency controller over gRPC (``--residency``) or an in-process core
 (standalone). Host backing is the node's kvstore (``--kvstore``, mapped shared memory) or
-the worker's own memory. Engine request ids are ``<client id>@<worker>.<incarnation>`` so
-that the cluster-wide controller and the node-wide kvstore never see two live requests
+the worker's own memory. Engine request ids are ``<worker>.<incarnation>.<n>:<client id>``
+so that the cluster-wide controller and the node-wide kvstore never see two live requests
 with one id, and a restarted worker never re-attaches a dead incarnation's histories.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
+import re
 import secrets
 import threading
 import time
@@ -46,6 +47,11 @@ T = TypeVar("T")
 IDLE_WAIT_S = 0.02        # idle engine: wait this long for work between steps
 ADMIT_WAIT_S = 0.002      # only waiting requests: poll admission this often
 GAUGE_PERIOD_S = 0.2
+
+
+def safe_id(text: str) -> str:
+    """``text`` in the id alphabet of the kvstore and the controller ([A-Za-z0-9._:-])."""
+    return re.sub(r"[^A-Za-z0-9._:-]", "_", text)[:200]
 
 
 @dataclass(slots=True)
@@ -126,6 +132,7 @@ class DecodeWorker:
         self._streams: dict[str, ClientStream] = {}     # engine request id -> stream
         self._client_ids: dict[str, str] = {}            # client id -> engine request id
         self._last: dict[str, float] = {}
+        self._submitted = 0
         self._gauge_at = 0.0
         self._stop = threading.Event()
         self.failure: BaseException | None = None
@@ -137,7 +144,8 @@ class DecodeWorker:
             return None            # resident policies, or standalone: in-process backing
         from services.decode.host_backing import RetryingProvider
         from services.kvstore.client import KVStoreClient
-        client = KVStoreClient(self.config.kvstore, f"{self.worker_id}.{self.incarnation}",
+        client = KVStoreClient(self.config.kvstore,
+                               safe_id(f"{self.worker_id}.{self.incarnation}"),
                                token=self.config.token,
                                lease_seconds=self.config.lease_seconds)
         return RetryingProvider(client)
@@ -251,7 +259,8 @@ class DecodeWorker:
                 fut.set_exception(errors.Unavailable(f"worker {self.worker_id} stopped"))
 
     def _engine_id(self, client_id: str) -> str:
-        return f"{client_id}@{self.worker_id}.{self.incarnation}"
+        self._submitted += 1
+        return safe_id(f"{self.worker_id}.{self.incarnation}.{self._submitted}:{client_id}")
 
     def _submit(self, spec: GenerateSpec, stream: ClientStream) -> ClientStream:
         client_id = spec.request_id
