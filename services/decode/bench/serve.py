@@ -1,0 +1,57 @@
+"""``bench serve``: the closed-loop sweep, one fresh engine per (policy, concurrency).
+
+For every policy and offered concurrency C: an engine with C request slots and the
+``--kv-memory`` budget, the prepared prefixes registered once (prefill is not timed),
+then ``--requests`` requests with C in flight (``drive`` with one phase). A short
+untimed warm-up per policy pays one-time costs (allocator, first kernels) first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.decode.bench.driver import LoadPhase, drive, make_prefixes
+from services.decode.bench.metrics import serve_row
+from services.decode.bench.settings import BenchSettings
+from services.decode.engine.engine import Engine
+from services.decode.engine.request import RequestRun
+
+Tokens = dict[str, dict[str, dict[str, list[int]]]]  # policy -> C -> request id -> ids
+
+
+@dataclass(slots=True)
+class ServeResult:
+    settings: BenchSettings
+    rows: list[dict[str, object]] = field(default_factory=list)
+    tokens: Tokens = field(default_factory=dict)
+    commands: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+
+
+def warm_up(settings: BenchSettings, policy: str) -> None:
+    engine = Engine(settings.engine_config(policy, 1))
+    prefix = make_prefixes(engine.config.model.vocab, min(settings.input_len, 32), 1, 0)
+    drive(engine, policy, [LoadPhase(1, requests=1)], prefix, min(settings.output_len, 4))
+
+
+def run_serve(settings: BenchSettings,
+              on_finish: Callable[[RequestRun], None] | None = None,
+              on_point: Callable[[str, int], None] | None = None) -> ServeResult:
+    """Run the sweep of validated ``settings``; ``on_finish`` sees every finished request,
+    ``on_point(policy, C)`` is called before each point."""
+    result = ServeResult(settings)
+    for policy in settings.policies:
+        warm_up(settings, policy)
+        for c in settings.concurrencies:
+            if on_point is not None:
+                on_point(policy, c)
+            engine = Engine(settings.engine_config(policy, c))
+            prefixes = make_prefixes(engine.config.model.vocab, settings.input_len,
+                                     settings.prefixes, settings.seed)
+            rec = drive(engine, policy, [LoadPhase(c, requests=settings.requests)], prefixes,
+                        settings.output_len, tag=f"c{c}-r", on_finish=on_finish)
+            result.rows.append(serve_row(rec, c))
+            result.tokens.setdefault(policy, {})[str(c)] = {
+                r.request_id: list(r.output) for r in rec.runs}
+            result.commands.setdefault(policy, {})[str(c)] = dict(engine.stats.commands)
+    return result
