@@ -235,6 +235,12 @@ class Case:
         return res
 
 
+def kres_select() -> str:
+    from kernels.resolver import default_select
+
+    return default_select()
+
+
 def fit_gbps(points: list[tuple[float, float]]) -> dict:
     """Least squares us = a + bytes / (GB/s * 1e3) over (miss bytes, us) points."""
     if len(points) < 2:
@@ -265,7 +271,8 @@ def run_ours(args: dict, rec: dict) -> None:
     rec["ceiling"] = {"h2d_pinned_1GiB_GBps": h2d_memcpy_gbps(dev)}
     h2d = rec["ceiling"]["h2d_pinned_1GiB_GBps"]
     print(
-        f"host pool {host_raw.numel() / 1e9:.1f} GB ({how}) in {time.time() - t0:.0f}s; memcpy {h2d:.1f} GB/s",
+        f"host pool {host_raw.numel() / 1e9:.1f} GB ({how}) in {time.time() - t0:.0f}s; "
+        f"memcpy {h2d:.1f} GB/s",
         flush=True,
     )
     flush = Flusher(dev)
@@ -387,7 +394,7 @@ def run_vs_reference(rec: dict, reps: int = 5) -> None:
         lo = g.request(rids[0]).tail_lo
         vis = torch.full((bs, 1), S, dtype=torch.int64, device="cuda")
         ts = []
-        for i in range(reps + 1):
+        for _ in range(reps + 1):
             sel = torch.stack([torch.randperm(lo, generator=gen)[:k] for _ in rids])[:, None, :].to(
                 "cuda"
             )
@@ -411,7 +418,8 @@ def run_vs_reference(rec: dict, reps: int = 5) -> None:
         **out,
     }
     print(
-        f"drop-in resolve+apply (host wall, synced): torch {out['torch_reference']['wall_us']['median']:.0f} us, "
+        "drop-in resolve+apply (host wall, synced): "
+        f"torch {out['torch_reference']['wall_us']['median']:.0f} us, "
         f"kernels {out['cuda_kernels']['wall_us']['median']:.0f} us ({out['speedup']:.1f}x)",
         flush=True,
     )
@@ -420,7 +428,8 @@ def run_vs_reference(rec: dict, reps: int = 5) -> None:
 def print_case(r: dict) -> None:
     gb = f"{r['GBps']:6.1f}" if r.get("GBps") else "   -  "
     print(
-        f"{r['item_bytes']:5d} k={r['top_k']:4d} bs={r['batch']:3d} {r['profile']:6s} us={r['us_per_call']:8.1f} "
+        f"{r['item_bytes']:5d} k={r['top_k']:4d} bs={r['batch']:3d} {r['profile']:6s} "
+        f"us={r['us_per_call']:8.1f} "
         f"GB/s={gb} wall={r['wall_us_median']:8.1f} ok={r['check']['ok']}",
         flush=True,
     )
@@ -493,7 +502,8 @@ def table(rec: dict) -> str:
         else (f"{c['us_per_call']:.1f}" + (f" ({c['GBps']:.1f})" if c.get("GBps") else ""))
     )
     lines = [
-        "| row B | top_k | batch | profile | ours µs (GB/s) | % memcpy | peer scattered | peer contiguous | speedup vs scattered |",
+        "| row B | top_k | batch | profile | ours µs (GB/s) | % memcpy | peer scattered "
+        "| peer contiguous | speedup vs scattered |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in rec["cases"]:
@@ -502,7 +512,8 @@ def table(rec: dict) -> str:
         frac = f"{100 * c['frac_of_h2d_memcpy']:.0f}%" if c.get("frac_of_h2d_memcpy") else "-"
         sp = f"{ps['us_per_call'] / c['us_per_call']:.1f}x" if ps and ps.get("us_per_call") else "-"
         lines.append(
-            f"| {c['item_bytes']} | {c['top_k']} | {c['batch']} | {c['profile']} | {fmt(c)} | {frac} | "
+            f"| {c['item_bytes']} | {c['top_k']} | {c['batch']} | {c['profile']} | {fmt(c)} "
+            f"| {frac} | "
             f"{fmt(ps)} | {fmt(pc)} | {sp} |"
         )
     return "\n".join(lines)
@@ -526,8 +537,9 @@ def command(
     """Fused resolver vs the memcpy ceiling and SGLang HiSparse's kernel (JSON + table)."""
     args = dict(locals())
     rec = {
-        "what": "dhisparse fused resolver (kernels/resolver.cu), sync-free path: lookup + commit/copy",
-        "env": environment(),
+        "what": "dhisparse fused resolver (kernels/resolver.cu), sync-free path: "
+        "lookup + commit/copy",
+        "env": environment() | {"victim_select": kres_select()},
         "setup": {k: v for k, v in args.items() if k != "out"},
         "cases": [],
     }
@@ -558,7 +570,8 @@ def _print_table(rec: dict) -> None:
     if "k8_identical" in rec:
         k8 = rec["k8_identical"]
         print(
-            f"K8/K1 = {k8['ratio_K8_over_K1']:.2f}; copies K1={k8['K1']['copies']} K8={k8['K8']['copies']}"
+            f"K8/K1 = {k8['ratio_K8_over_K1']:.2f}; "
+            f"copies K1={k8['K1']['copies']} K8={k8['K8']['copies']}"
         )
 
 

@@ -126,13 +126,15 @@ def ring_write(
     src: torch.Tensor,
     ring_rows: int,
 ) -> None:
-    """Draft ring: ``ring[i * R_d + (t mod R_d)] = src[j]`` for ``(i, t) = (ring_index[j], positions[j])``."""
+    """Draft ring (eq. 10): ``ring[i * R_d + (t mod R_d)] = src[j]``.
+
+    ``(i, t) = (ring_index[j], positions[j])``."""
     check("ring", ring, torch.uint8, 2, "cuda"), _rows("src", src)
     _index("ring_index", ring_index), _index("positions", positions)
     if ring_index.shape != positions.shape or positions.numel() != src.shape[0]:
         raise InvalidArgument(
-            f"ring_index {tuple(ring_index.shape)}, positions {tuple(positions.shape)} and src rows "
-            f"{src.shape[0]} must agree"
+            f"ring_index {tuple(ring_index.shape)}, positions {tuple(positions.shape)} and "
+            f"src rows {src.shape[0]} must agree"
         )
     if ring_rows <= 0:
         raise InvalidArgument(f"ring_rows={ring_rows} must be > 0")
@@ -163,7 +165,7 @@ def commit_rows(
     src_idx: torch.Tensor,
     accepted: torch.Tensor,
 ) -> None:
-    """Accepted speculative rows: entry ``(b, j)`` copies iff ``j < accepted[b]`` (read on device)."""
+    """Accepted speculative rows: entry ``(b, j)`` copies iff ``j < accepted[b]`` (on device)."""
     (
         _rows("dst", dst),
         _rows("src", src),

@@ -24,7 +24,7 @@ def gather_layers(dsts, dst_idx: torch.Tensor, srcs, src_idx: torch.Tensor) -> N
 
 
 def page_rows_view(t: torch.Tensor, page_rows: int) -> torch.Tensor:
-    """``uint8 [n_pages, page_rows * row_bytes]`` view of ``uint8 [n_pages * page_rows, row_bytes]``."""
+    """View ``uint8 [n_pages * page_rows, row_bytes]`` as ``[n_pages, page_rows * row_bytes]``."""
     return t.view(t.shape[0] // page_rows, page_rows * t.shape[1])
 
 
@@ -60,6 +60,8 @@ def commit_rows(
     src_idx: torch.Tensor,
     accepted: torch.Tensor,
 ) -> None:
-    """Entry ``(b, j)`` of ``[batch, K]`` copies ``src[src_idx[b,j]] -> dst[dst_idx[b,j]]`` iff ``j < accepted[b]``."""
+    """Entry ``(b, j)`` of ``[batch, K]``: ``dst[dst_idx[b,j]] = src[src_idx[b,j]]``.
+
+    Only where ``j < accepted[b]``."""
     keep = torch.arange(dst_idx.shape[1], device=dst_idx.device)[None, :] < accepted[:, None]
     gather_rows(dst, dst_idx[keep], src, src_idx[keep])

@@ -183,6 +183,68 @@ __device__ void sort_smem(unsigned long long* keys, int n) {
     }
 }
 
+#define SELECT_MAX 1024  // victims ordered by radix select + counting ranks up to this many
+
+// The nv smallest of Bp unique keys (non-candidates are ~0), in ascending order, without
+// sorting all Bp: MSD radix select of the nv-th smallest key K* (8 passes of an 8-bit
+// histogram), then the nv keys <= K* are compacted and each one's rank is counted
+// (nv^2 / NT compares). Writes their slots to out[rank].
+__device__ void select_victims(const unsigned long long* keys, int Bp, unsigned nv, i32* out, unsigned* hist,
+                               unsigned long long* vkeys, unsigned* scal) {
+    const int lane = threadIdx.x & 31;
+    unsigned long long prefix = 0, mask = 0;
+    unsigned target = nv;  // 1-based rank of K* among the keys matching prefix
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0;
+        __syncthreads();
+        for (int s = threadIdx.x; s < Bp; s += NT) {
+            const unsigned long long key = keys[s];
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            unsigned c[8], sum = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sum += (c[j] = hist[lane * 8 + j]);
+            unsigned incl = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += y;
+            }
+            unsigned run = incl - sum;
+            if (run < target && target <= incl) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    if (run < target && target <= run + c[j]) {
+                        scal[0] = lane * 8 + j;
+                        scal[1] = target - run;
+                    }
+                    run += c[j];
+                }
+            }
+        }
+        __syncthreads();
+        prefix |= (unsigned long long)scal[0] << shift;
+        mask |= 255ull << shift;
+        target = scal[1];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) scal[2] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < Bp; s += NT) {
+        const unsigned long long key = keys[s];
+        if (key <= prefix) vkeys[atomicAdd(&scal[2], 1u)] = key;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < (int)nv; i += NT) {
+        const unsigned long long key = vkeys[i];
+        unsigned r = 0;
+        for (int j = 0; j < (int)nv; ++j) r += vkeys[j] < key;
+        out[r] = (i32)(key & 0xFFFFFull);
+    }
+}
+
 // shared layout of resolve_lookup (dynamic): need bitmap [W] u32, miss bitmap [W] u32,
 // need prefix [W] u16, miss prefix [W] u16, then LRU keys [Bp] u64 (8-byte aligned).
 extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(
@@ -190,11 +252,13 @@ extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(
     i64* __restrict__ locs, i64* __restrict__ need_loc, i64* __restrict__ misses,
     i32* __restrict__ victims, i32* __restrict__ hit_slots, i64* __restrict__ summary,
     i64* __restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,
-    i64 finished_epoch) {
+    i64 finished_epoch, int select_mode) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
     __shared__ unsigned long long cnt[8];  // tail, opt, hot, host, nhit, ncand, status
     __shared__ int last;
+    __shared__ unsigned hist[256], scal[4];
+    __shared__ unsigned long long vkeys[SELECT_MAX];
     const int b = blockIdx.x, Kk = K * k;
     const i64* row = table + (i64)b * TCOLS;
     unsigned* need_bm = reinterpret_cast<unsigned*>(smem);
@@ -353,12 +417,16 @@ extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(
                     misses[(i64)b * Kk + i++] = (i64)w * 32 + bit;
                 }
             }
-            // step 3: LRU order of the candidates, (stamp, slot) ascending
-            if (Bp == SORT_N) sort_4096(keys);
-            else sort_smem(keys, Bp);
+            // step 3: the nv first candidates in LRU order, (stamp, slot) ascending
             nv = min((unsigned)m, (unsigned)cnt[5]);
-            for (int i = threadIdx.x; i < (int)nv; i += NT)
-                victims[(i64)b * B + i] = (i32)(keys[i] & 0xFFFFFull);
+            if (select_mode == 1 && nv <= SELECT_MAX && nv > 0) {
+                select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal);
+            } else {
+                if (Bp == SORT_N) sort_4096(keys);
+                else sort_smem(keys, Bp);
+                for (int i = threadIdx.x; i < (int)nv; i += NT)
+                    victims[(i64)b * B + i] = (i32)(keys[i] & 0xFFFFFull);
+            }
         }
     }
     __syncthreads();
@@ -563,6 +631,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
             protect[slot[q]] = epoch;
         }
     }
+    if (m == 0) return;  // hits only: every location was final after the lookup
     __syncthreads();
     i64* l_b = locs + (i64)b * Kk;
     for (int e0 = threadIdx.x; e0 < Kk; e0 += blockDim.x * U) {

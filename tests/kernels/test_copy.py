@@ -64,7 +64,7 @@ def test_wrappers_reject_bad_arguments_naming_them() -> None:
     from kernels import copy
 
     rows, idx = rand_rows(8, 16), torch.arange(4)
-    with pytest.raises(InvalidArgument, match="dst has dtype=torch.float32"):
+    with pytest.raises(InvalidArgument, match=r"dst has dtype=torch\.float32"):
         copy.gather_rows(torch.zeros(8, 16), idx, rows, idx)
     with pytest.raises(InvalidArgument, match="dst is on device=cpu and not page-locked"):
         copy.gather_rows(rows, idx, rows, idx)

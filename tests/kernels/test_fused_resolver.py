@@ -61,11 +61,14 @@ def test_lookup_validates_shapes_before_launch() -> None:
 def make_pair(
     seed: int, batch: int, k_queries: int, hot: int, staging: int, row_bytes: int, layers: int = 2
 ) -> tuple[Harness, Harness, list[str]]:
+    """Adaptive groups: every request's history is admitted to optional pages, backed up,
+    then a random ~70% of its pages retired, so selections hit the tail, ready optional
+    pages, and host rows (through the hot cache) alike."""
     p, tail = 8, 8 + k_queries
     rng = random.Random(seed)
     required = -(-hot // p) + -(-tail // p)
     sizes = dict(
-        num_pages=batch * required + rng.randint(0, batch * 6),
+        num_pages=batch * (required + 40),
         page_rows=p,
         hot_slots=hot,
         tail_rows=tail,
@@ -81,11 +84,19 @@ def make_pair(
         h.provider.pin = True  # host rows page-locked: the kernels read them in place
         pair.append(h)
     rids = [f"r{b}" for b in range(batch)]
-    for b, rid in enumerate(rids):
+    for rid in rids:
         imported = rng.randint(1, 300)
+        keep = rng.random() * 0.6
         for h in pair:
             h.admit(rid, imported + 64, imported)
+            ref.backup(h.group, rid)
+        pages = pair[0].group.request(rid).optional_logical_pages()
+        drop = [g for g in pages if rng.random() >= keep]
+        for h in pair:
+            ref.retire(h.group, rid, drop)
             h.open(rid, k_queries)
+    for h in pair:
+        h.check()
     return pair[0], pair[1], rids
 
 
@@ -106,7 +117,8 @@ def selections(
             if same_queries and j:
                 out[b, j] = out[b, 0]
                 continue
-            rows = torch.randint(0, int(vis[b, j]), (k,), generator=gen)
+            low = h.group.request(rid).tail_lo if hit_frac < 0 else 0  # < 0: tail rows only
+            rows = torch.randint(low, int(vis[b, j]), (k,), generator=gen)
             take = torch.rand(k, generator=gen) < hit_frac
             if held:
                 rows[take] = torch.tensor(held)[
@@ -167,12 +179,14 @@ CASES = [  # batch, K, k, hot slots, staging rows, row bytes
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
-def test_fused_resolver_matches_reference(case: tuple) -> None:
+@pytest.mark.parametrize("select", ["radix", "sort"])
+def test_fused_resolver_matches_reference(case: tuple, select: str, monkeypatch) -> None:
+    monkeypatch.setenv("DHISPARSE_VICTIM_SELECT", select)
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)  # fresh inputs every run; printed on failure
     h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
     gen = torch.Generator().manual_seed(seed)
-    fracs = [0.0, 1.0, 0.98, 0.8, 0.5, 1.0, 0.0, 0.9]
+    fracs = [0.0, 1.0, 0.98, 0.8, 0.5, 1.0, -1.0, 0.0, 0.9]  # -1: direct lookups (tail only)
     for rnd, hit_frac in enumerate(fracs if batch < 64 else fracs[4:]):
         sel = selections(
             h_ref, rids, k_queries, k, hit_frac, gen, same_queries=hit_frac == 1.0 and rnd % 2 == 1
