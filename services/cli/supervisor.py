@@ -109,6 +109,16 @@ class Supervisor:
         with self._lock:
             return self._children[name].restarts
 
+    def set_restart(self, name: str, restart: bool) -> None:
+        """Turn restarting of one child off (a dead child then stays dead) or back on (the
+        watcher restarts it if it is dead)."""
+        with self._lock:
+            self._children[name].spec.restart = restart
+
+    def alive(self, name: str) -> bool:
+        with self._lock:
+            return self._children[name].proc.poll() is None
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         """Send ``sig`` to one child (tests use SIGKILL); returns the pid signalled."""
         with self._lock:

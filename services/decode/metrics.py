@@ -92,6 +92,12 @@ class DecodeMetrics:
                                      ["worker"], registry=r)
         self._gauges = _GaugeCollector(worker)
         r.register(self._gauges)
+        for source in SOURCES:            # every series exists from the first scrape
+            self.selected_rows.labels(worker, source)
+        for metric in (self.host_fetch_bytes, self.resolver_seconds, self.backup_bytes,
+                       self.tokens_per_round, self.accepted_tokens, self.ttft, self.tpot,
+                       self.output_tokens):
+            metric.labels(worker)
 
     def publish(self, gauges: WorkerGauges) -> None:
         self._gauges.snapshot = gauges
