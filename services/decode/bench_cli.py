@@ -39,7 +39,7 @@ def _check_out(flag: str, path: str | None) -> None:
 def _setup(threads: int) -> None:
     import torch
 
-    if threads < 1:
+    if isinstance(threads, bool) or threads < 1:
         raise InvalidArgument(f"--threads={threads}: must be an integer >= 1")
     torch.set_num_threads(threads)
 
@@ -56,31 +56,58 @@ def _console() -> Console:
 
 
 def _opt(default, flag: str, help_text: str):
-    return typer.Option(default, flag, help=help_text)
+    if isinstance(default, bool):
+        return typer.Option(default, flag, help=help_text)
+    return typer.Option(default, flag, help=help_text, metavar=_METAVARS.get(flag, "INT"))
+
+
+_METAVARS = {"--output-range-ratio": "FLOAT", "--phase-seconds": "FLOAT", "--policy": "LIST",
+             "--concurrency": "LIST", "--kv-memory": "SIZE", "--json": "FILE",
+             "--plot": "FILE.png", "--dump-tokens": "FILE", "--topology": "glm|deepseek",
+             "--device": "cpu|cuda", "--preset": "NAME"}
+_FLOATS = ("output_range_ratio", "phase_seconds")
+_TEXT = ("policy", "concurrency", "kv_memory", "topology", "device", "preset")
+
+
+def _coerce(fields: dict[str, object]) -> dict[str, object]:
+    """Numbers arrive as text so that a malformed one gets the same one-line error."""
+    out = dict(fields)
+    for name, value in fields.items():
+        if name in _TEXT or not isinstance(value, str):
+            continue
+        flag = "--" + name.replace("_", "-")
+        try:
+            out[name] = float(value) if name in _FLOATS else int(value)
+        except ValueError:
+            kind = "a number" if name in _FLOATS else "an integer"
+            raise InvalidArgument(f"{flag}={value!r}: expected {kind}") from None
+    return out
 
 
 def serve_command(
     policy: str = _opt(S.policy, "--policy", "One policy or a comma list."),
     concurrency: str = _opt(S.concurrency, "--concurrency",
                             "Offered concurrency C: one value or a comma list (the sweep)."),
-    input_len: int = _opt(S.input_len, "--input-len", "Prefix tokens per request."),
-    output_len: int = _opt(S.output_len, "--output-len", "Output cap per request."),
-    requests: int = _opt(S.requests, "--requests", "Requests finished per (policy, C)."),
-    hot_cache: int = _opt(S.hot_cache, "--hot-cache", "Hot-cache rows B per request."),
-    top_k: int | None = _opt(None, "--top-k", "Selected rows k (default: the preset's)."),
+    input_len: str = _opt(str(S.input_len), "--input-len", "Prefix tokens per request."),
+    output_len: str = _opt(str(S.output_len), "--output-len", "Output cap per request."),
+    output_range_ratio: str = _opt(str(S.output_range_ratio), "--output-range-ratio",
+                                     "Caps drawn from [ratio·len, len]; 1 = fixed cap."),
+    requests: str = _opt(str(S.requests), "--requests", "Requests finished per (policy, C)."),
+    hot_cache: str = _opt(str(S.hot_cache), "--hot-cache", "Hot-cache rows B per request."),
+    top_k: str | None = _opt(None, "--top-k", "Selected rows k (default: the preset's)."),
     kv_memory: str = _opt(S.kv_memory, "--kv-memory", "KV budget M (human size)."),
     topology: str = _opt(S.topology, "--topology", "glm or deepseek."),
-    spec_block: int = _opt(S.spec_block, "--spec-block", "K_max of speculative rounds."),
-    seed: int = _opt(S.seed, "--seed", "Model weights and prefixes seed."),
+    spec_block: str = _opt(str(S.spec_block), "--spec-block", "K_max of speculative rounds."),
+    seed: str = _opt(str(S.seed), "--seed", "Model weights and prefixes seed."),
     batch_invariant: bool = _opt(False, "--batch-invariant",
                                  "Batch-invariant kernels (bit-identical streams)."),
     device: str = _opt(S.device, "--device", "cpu or cuda."),
     preset: str = _opt(S.preset, "--preset", "Model preset (tiny, demo, h200-deepseek)."),
-    page_rows: int = _opt(S.page_rows, "--page-rows", "Rows per KV page."),
-    max_context: int = _opt(S.max_context, "--max-context", "Context limit per request."),
-    prefixes: int = _opt(S.prefixes, "--prefixes", "Prepared prefixes (request i: i mod n)."),
-    populate_pages: int = _opt(S.populate_pages, "--populate-pages", "Pages per populate."),
-    threads: int = _opt(1, "--threads", "torch CPU threads."),
+    page_rows: str = _opt(str(S.page_rows), "--page-rows", "Rows per KV page."),
+    max_context: str = _opt(str(S.max_context), "--max-context", "Context limit per request."),
+    prefixes: str = _opt(str(S.prefixes), "--prefixes", "Prepared prefixes (request i: i mod n)."),
+    populate_pages: str = _opt(str(S.populate_pages), "--populate-pages", "Pages per populate."),
+    threads: str = _opt("1", "--threads", "torch CPU threads."),
     json_path: str | None = _opt(None, "--json", "Write rows + header as JSON."),
     plot: str | None = _opt(None, "--plot", "Write a Figure-4-style PNG."),
     dump_tokens: str | None = _opt(None, "--dump-tokens", "Write every request's token ids."),
@@ -90,10 +117,10 @@ def serve_command(
     fields = {k: v for k, v in locals().items() if k not in ("threads", "outputs", "json_path",
                                                              "plot", "dump_tokens")}
     try:
-        _setup(threads)
+        _setup(_coerce({"threads": threads})["threads"])  # type: ignore[arg-type]
         for flag, path in outputs.items():
             _check_out(flag, path)
-        settings = BenchSettings(**fields).validate()
+        settings = BenchSettings(**_coerce(fields)).validate()
     except InvalidArgument as exc:
         raise _fail("serve", str(exc)) from None
     from services.decode.bench.serve import run_serve
@@ -120,25 +147,27 @@ def load_step_command(
     policy: str = _opt(L.policy, "--policy", "Arms: policies (default adaptive,hisparse)."),
     concurrency: str = _opt(L.concurrency, "--concurrency",
                             "Phase schedule: C per phase, e.g. 4,16,4."),
-    phase_seconds: float = _opt(L.phase_seconds, "--phase-seconds", "Seconds per phase."),
-    phase_requests: int | None = _opt(None, "--phase-requests",
+    phase_seconds: str = _opt(str(L.phase_seconds), "--phase-seconds", "Seconds per phase."),
+    phase_requests: str | None = _opt(None, "--phase-requests",
                                       "Requests submitted per phase (instead of seconds)."),
-    input_len: int = _opt(L.input_len, "--input-len", "Prefix tokens per request."),
-    output_len: int = _opt(L.output_len, "--output-len", "Output cap per request."),
-    hot_cache: int = _opt(L.hot_cache, "--hot-cache", "Hot-cache rows B per request."),
-    top_k: int | None = _opt(None, "--top-k", "Selected rows k (default: the preset's)."),
+    input_len: str = _opt(str(L.input_len), "--input-len", "Prefix tokens per request."),
+    output_len: str = _opt(str(L.output_len), "--output-len", "Output cap per request."),
+    output_range_ratio: str = _opt(str(L.output_range_ratio), "--output-range-ratio",
+                                     "Caps drawn from [ratio·len, len]; 1 = fixed cap."),
+    hot_cache: str = _opt(str(L.hot_cache), "--hot-cache", "Hot-cache rows B per request."),
+    top_k: str | None = _opt(None, "--top-k", "Selected rows k (default: the preset's)."),
     kv_memory: str = _opt(L.kv_memory, "--kv-memory", "KV budget M (human size)."),
     topology: str = _opt(L.topology, "--topology", "glm or deepseek."),
-    spec_block: int = _opt(L.spec_block, "--spec-block", "K_max of speculative rounds."),
-    seed: int = _opt(L.seed, "--seed", "Model weights and prefixes seed."),
+    spec_block: str = _opt(str(L.spec_block), "--spec-block", "K_max of speculative rounds."),
+    seed: str = _opt(str(L.seed), "--seed", "Model weights and prefixes seed."),
     batch_invariant: bool = _opt(False, "--batch-invariant", "Batch-invariant kernels."),
     device: str = _opt(L.device, "--device", "cpu or cuda."),
     preset: str = _opt(L.preset, "--preset", "Model preset."),
-    page_rows: int = _opt(L.page_rows, "--page-rows", "Rows per KV page."),
-    max_context: int = _opt(L.max_context, "--max-context", "Context limit per request."),
-    prefixes: int = _opt(L.prefixes, "--prefixes", "Prepared prefixes."),
-    populate_pages: int = _opt(L.populate_pages, "--populate-pages", "Pages per populate."),
-    threads: int = _opt(1, "--threads", "torch CPU threads."),
+    page_rows: str = _opt(str(L.page_rows), "--page-rows", "Rows per KV page."),
+    max_context: str = _opt(str(L.max_context), "--max-context", "Context limit per request."),
+    prefixes: str = _opt(str(L.prefixes), "--prefixes", "Prepared prefixes."),
+    populate_pages: str = _opt(str(L.populate_pages), "--populate-pages", "Pages per populate."),
+    threads: str = _opt("1", "--threads", "torch CPU threads."),
     json_path: str | None = _opt(None, "--json", "Write per-phase rows + timelines as JSON."),
     plot: str | None = _opt(None, "--plot", "Write a Figure-6-style PNG."),
     dump_tokens: str | None = _opt(None, "--dump-tokens", "Write every request's token ids."),
@@ -148,10 +177,10 @@ def load_step_command(
     fields = {k: v for k, v in locals().items() if k not in ("threads", "outputs", "json_path",
                                                              "plot", "dump_tokens")}
     try:
-        _setup(threads)
+        _setup(_coerce({"threads": threads})["threads"])  # type: ignore[arg-type]
         for flag, path in outputs.items():
             _check_out(flag, path)
-        settings = LoadStepSettings(**fields).validate()
+        settings = LoadStepSettings(**_coerce(fields)).validate()
     except InvalidArgument as exc:
         raise _fail("load-step", str(exc)) from None
     from services.decode.bench.loadstep import run_load_step

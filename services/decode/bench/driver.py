@@ -15,6 +15,8 @@ request gets independent decode KV, as in the paper); greedy decoding.
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -67,13 +69,23 @@ def make_prefixes(vocab: int, length: int, count: int, seed: int) -> list[list[i
     return [torch.randint(0, vocab, (length,), generator=gen).tolist() for _ in range(count)]
 
 
+def output_lengths(output_len: int, ratio: float, seed: int) -> Callable[[int], int]:
+    """Output cap of request ``i``: ``output_len`` (ratio 1, the paper's fixed cap) or drawn
+    uniformly from [ceil(ratio·len), len], deterministic in ``seed`` and ``i``."""
+    lo = max(1, math.ceil(ratio * output_len))
+    if lo >= output_len:
+        return lambda i: output_len
+    return lambda i: random.Random(seed * 1_000_003 + i).randint(lo, output_len)
+
+
 def drive(engine: Engine, policy: str, phases: list[LoadPhase], prefixes: list[list[int]],
-          output_len: int, tag: str = "r",
+          output_len: int | Callable[[int], int], tag: str = "r",
           on_finish: Callable[[RequestRun], None] | None = None) -> RunRecord:
     """Run ``phases`` on ``engine`` (fresh) until idle; returns the record."""
     for i, tokens in enumerate(prefixes):
         engine.register_prefix(f"p{i}", tokens)
     rec = RunRecord(policy, phases, engine)
+    length = output_len if callable(output_len) else (lambda i: output_len)
     clock = engine.clock
     start = clock()
     phase, phase_start, phase_sent = 0, 0.0, 0
@@ -89,7 +101,7 @@ def drive(engine: Engine, policy: str, phases: list[LoadPhase], prefixes: list[l
             while (len(engine.waiting) + len(engine.running) < phases[phase].concurrency
                    and (limit is None or phase_sent < limit)):
                 i = len(rec.runs)
-                spec = GenerateSpec(f"{tag}{i}", output_len, prefix_id=f"p{i % len(prefixes)}",
+                spec = GenerateSpec(f"{tag}{i}", length(i), prefix_id=f"p{i % len(prefixes)}",
                                     seed=i)
                 rec.runs.append(engine.submit(spec, on_finish=on_finish))
                 rec.run_phase.append(phase)

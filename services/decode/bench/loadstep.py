@@ -11,11 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.decode.bench.driver import LoadPhase, RunRecord, drive, make_prefixes
+from services.decode.bench.driver import (
+    LoadPhase,
+    RunRecord,
+    drive,
+    make_prefixes,
+    output_lengths,
+)
 from services.decode.bench.metrics import phase_rows, timeline
-from services.decode.bench.serve import Tokens, warm_up
+from services.decode.bench.serve import Tokens, make_engine, warm_up
 from services.decode.bench.settings import LoadStepSettings
-from services.decode.engine.engine import Engine
 from services.decode.engine.request import RequestRun
 
 
@@ -40,14 +45,15 @@ def run_load_step(settings: LoadStepSettings,
                   on_arm: Callable[[str], None] | None = None) -> LoadStepResult:
     result = LoadStepResult(settings)
     phases = phases_of(settings)
+    lengths = output_lengths(settings.output_len, settings.output_range_ratio, settings.seed)
     for policy in settings.policies:
         warm_up(settings, policy)
         if on_arm is not None:
             on_arm(policy)
-        engine = Engine(settings.engine_config(policy, max(settings.concurrencies)))
+        engine = make_engine(settings, policy, max(settings.concurrencies))
         prefixes = make_prefixes(engine.config.model.vocab, settings.input_len,
                                  settings.prefixes, settings.seed)
-        rec = drive(engine, policy, phases, prefixes, settings.output_len,
+        rec = drive(engine, policy, phases, prefixes, lengths,
                     on_finish=on_finish)
         result.records[policy] = rec
         result.rows.extend(phase_rows(rec))

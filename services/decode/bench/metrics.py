@@ -66,6 +66,17 @@ def share(host: int, selected: int) -> float:
     return host / selected if selected else 0.0
 
 
+def host_fetch_steps(samples: Sequence[Sample]) -> float:
+    """Share of decode steps that fetched at least one row from host."""
+    prev, fetched, steps = 0, 0, 0
+    for x in samples:
+        if x.active:
+            steps += 1
+            fetched += x.host > prev
+        prev = x.host
+    return fetched / steps if steps else 0.0
+
+
 def serve_row(rec: RunRecord, concurrency: int) -> dict[str, object]:
     """One JSON row of ``bench serve``: a policy at one offered concurrency."""
     stats, counts, s = rec.engine.stats, rec.engine.stats.counts, rec.samples
@@ -81,6 +92,7 @@ def serve_row(rec: RunRecord, concurrency: int) -> dict[str, object]:
         "active_mean": weighted(s, lambda x: x.active, rec.duration / 4, 3 * rec.duration / 4),
         "active_max": max((x.active for x in s), default=0),
         "host_fetch_share": counts.host_fetch_share,
+        "host_fetch_steps": host_fetch_steps(s),
         "host_fetched_rows": counts.host_rows,
         "selected_rows": counts.selected,
         "coverage_mean": weighted(busy, lambda x: x.coverage),

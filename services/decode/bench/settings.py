@@ -70,6 +70,7 @@ class BenchSettings:
     concurrency: str = "2,4,8,16"
     input_len: int = 512
     output_len: int = 32
+    output_range_ratio: float = 1.0
     requests: int = 24
     hot_cache: int = 64
     top_k: int | None = None
@@ -95,6 +96,9 @@ class BenchSettings:
                      "page_rows", "max_context", "prefixes", "populate_pages"):
             _positive(flag.replace("_", "-"), getattr(self, flag))
         _positive("seed", self.seed, 0)
+        if not 0 < self.output_range_ratio <= 1:
+            raise InvalidArgument(f"--output-range-ratio={self.output_range_ratio}: must lie "
+                                  "in (0, 1]")
         if self.top_k is not None:
             _positive("top-k", self.top_k)
         if self.topology not in ("glm", "deepseek"):
@@ -140,8 +144,8 @@ class BenchSettings:
         if need > cfg.num_pages:
             raise InvalidArgument(
                 f"--kv-memory={self.kv_memory}: {cfg.num_pages} pages of {cfg.page_bytes} B "
-                f"hold less than one {policy} request of {rows} rows needs ({need} pages = "
-                f"{need * cfg.page_bytes} B)")
+                f"are fewer than the {need} pages ({need * cfg.page_bytes} B) one {policy} "
+                f"request of {rows} rows holds")
         return cfg
 
     def as_dict(self) -> dict[str, object]:
