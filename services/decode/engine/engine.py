@@ -44,11 +44,14 @@ PREFIX_CACHE = 8  # prompt prefills kept for reuse (identical prompts import, no
 class Engine:
     def __init__(self, config: EngineConfig, provider: HostBackingProvider | None = None,
                  admission: LocalAdmission | None = None, worker_id: str = "local",
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 model: DSAModel | None = None) -> None:
+        """``model``: a prebuilt model of ``config.model`` (e.g. the GPU bench's
+        ``FastDSAModel`` sharing weights across engines); default: a fresh ``DSAModel``."""
         self.config = config
         self.policy = config.policy_
         self.clock = clock
-        self.model = DSAModel(config.model)
+        self.model = model if model is not None else DSAModel(config.model)
         self.index = self.model.new_index_state()
         hcfg = config.hierarchy_config()
         if provider is None and self.policy.uses_host:
