@@ -29,12 +29,19 @@ def _module(name: str, device: int) -> Any:
 
 
 @functools.cache
-def kernel(name: str, func: str, device: int, shared_bytes: int = 0) -> Any:
-    """The compiled ``func`` of ``kernels/<name>.cu`` on ``device``."""
+def kernel(name: str, func: str, device: int, big_shared: bool = False) -> Any:
+    """The compiled ``func`` of ``kernels/<name>.cu`` on ``device``; with ``big_shared`` its
+    dynamic shared memory may grow to ``dynamic_shared_cap`` (above the default 48 KB)."""
     fn = _module(name, device).get_function(func)
-    if shared_bytes > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = shared_bytes
+    if big_shared:
+        fn.max_dynamic_shared_size_bytes = dynamic_shared_cap(fn, device)
     return fn
+
+
+def dynamic_shared_cap(fn: Any, device: int) -> int:
+    """Opt-in shared memory per block minus the kernel's static shared memory."""
+    optin = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    return optin - int(fn.shared_size_bytes)
 
 
 @functools.cache

@@ -47,7 +47,10 @@ def gather_rows(
     Sort the work list by ``src_idx`` first when ``src`` is host memory (address order
     is ~2x faster for 656-byte rows; see copy.cu). Indices are trusted (not bounds-checked).
     """
-    _rows("dst", dst), _rows("src", src), _index("dst_idx", dst_idx), _index("src_idx", src_idx)
+    _rows("dst", dst)
+    _rows("src", src)
+    _index("dst_idx", dst_idx)
+    _index("src_idx", src_idx)
     if dst_idx.shape != src_idx.shape:
         raise InvalidArgument(
             f"dst_idx has shape={tuple(dst_idx.shape)}; expected src_idx's {tuple(src_idx.shape)}"
@@ -72,9 +75,12 @@ def gather_layers(
     """One plan, several payload layers (GLM-like followers): one launch, grid.y = layer."""
     if len(dsts) != len(srcs) or not dsts:
         raise InvalidArgument(f"dsts has {len(dsts)} layers; expected srcs' {len(srcs)} (>= 1)")
-    _index("dst_idx", dst_idx), _index("src_idx", src_idx)
+    _index("dst_idx", dst_idx)
+    _index("src_idx", src_idx)
     for i, (d, s) in enumerate(zip(dsts, srcs, strict=True)):
-        _rows(f"dsts[{i}]", d), _rows(f"srcs[{i}]", s), _same_width(d, s)
+        _rows(f"dsts[{i}]", d)
+        _rows(f"srcs[{i}]", s)
+        _same_width(d, s)
     row_bytes, n = dsts[0].shape[1], dst_idx.numel()
     if any(d.shape[1] != row_bytes for d in dsts) or dst_idx.shape != src_idx.shape:
         raise InvalidArgument("every layer must share row_bytes and the index shapes must match")
@@ -129,8 +135,10 @@ def ring_write(
     """Draft ring (eq. 10): ``ring[i * R_d + (t mod R_d)] = src[j]``.
 
     ``(i, t) = (ring_index[j], positions[j])``."""
-    check("ring", ring, torch.uint8, 2, "cuda"), _rows("src", src)
-    _index("ring_index", ring_index), _index("positions", positions)
+    check("ring", ring, torch.uint8, 2, "cuda")
+    _rows("src", src)
+    _index("ring_index", ring_index)
+    _index("positions", positions)
     if ring_index.shape != positions.shape or positions.numel() != src.shape[0]:
         raise InvalidArgument(
             f"ring_index {tuple(ring_index.shape)}, positions {tuple(positions.shape)} and "
@@ -166,12 +174,10 @@ def commit_rows(
     accepted: torch.Tensor,
 ) -> None:
     """Accepted speculative rows: entry ``(b, j)`` copies iff ``j < accepted[b]`` (on device)."""
-    (
-        _rows("dst", dst),
-        _rows("src", src),
-        _index("dst_idx", dst_idx, 2),
-        _index("src_idx", src_idx, 2),
-    )
+    _rows("dst", dst)
+    _rows("src", src)
+    _index("dst_idx", dst_idx, 2)
+    _index("src_idx", src_idx, 2)
     _index("accepted", accepted)
     if dst_idx.shape != src_idx.shape or accepted.shape[0] != dst_idx.shape[0]:
         raise InvalidArgument(

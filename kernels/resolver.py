@@ -27,7 +27,16 @@ from services.decode.hierarchy import resolver as ref
 from services.decode.hierarchy.counters import SelectionCounts
 from services.decode.hierarchy.group import SourceGroup
 
-from ._loader import check, check_limit, kernel, launch, ptr, sm_count, vec_width
+from ._loader import (
+    check,
+    check_limit,
+    dynamic_shared_cap,
+    kernel,
+    launch,
+    ptr,
+    sm_count,
+    vec_width,
+)
 
 T_COLS, S_COLS, TOT_COLS = 9, 10, 9  # table / summary / totals columns (resolver.cu enums)
 S_U, S_M, S_NV = 1, 2, 3
@@ -115,14 +124,10 @@ def lookup(
     table: int64 [batch, 9] per request (resolver.cu T_* columns); rows_bound: every row
     needing steps 2-3 is below it (max tail_lo of the batch).
     """
-    (
-        check("table", table, torch.int64, 2, "cuda"),
-        check("selections", selections, torch.int64, 3, "cuda"),
-    )
-    (
-        check("visible", visible, torch.int64, 2, "cuda"),
-        check("locations", locations, torch.int64, 3, "cuda"),
-    )
+    check("table", table, torch.int64, 2, "cuda")
+    check("selections", selections, torch.int64, 3, "cuda")
+    check("visible", visible, torch.int64, 2, "cuda")
+    check("locations", locations, torch.int64, 3, "cuda")
     batch, k_queries, k = selections.shape
     if (
         table.shape != (batch, T_COLS)
@@ -133,17 +138,16 @@ def lookup(
             f"table {tuple(table.shape)}, visible {tuple(visible.shape)}, locations "
             f"{tuple(locations.shape)} must be [batch, {T_COLS}], [batch, K], like selections"
         )
-    check_limit("batch", batch, MAX_BATCH), check_limit("K * k", k_queries * k, MAX_ENTRIES)
+    check_limit("batch", batch, MAX_BATCH)
+    check_limit("K * k", k_queries * k, MAX_ENTRIES)
     check_limit("hot_slots", hot_slots, MAX_SLOTS)
     words = max(1, -(-rows_bound // 32))
     pow2 = max(SORT_N, 1 << max(0, (max(hot_slots, 1) - 1).bit_length()))
     shared = -(-12 * words // 16) * 16 + 8 * pow2
     dev = selections.device.index
-    cap = (
-        torch.cuda.get_device_properties(dev).shared_memory_per_block_optin - 2048
-    )  # static: tmp, cnt
+    fn = kernel("resolver", "resolve_lookup", dev, True)
+    cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
     check_limit("shared bytes (12 * ceil(rows_bound / 32) + 8 * pow2(B))", shared, cap)
-    fn = kernel("resolver", "resolve_lookup", dev, cap)
     args = (
         ptr(table),
         ptr(selections),
@@ -201,16 +205,12 @@ def commit(
     batch, k_queries, k = selections.shape
     check("stage_locs", stage_locs, torch.int64, 1, "cuda")
     for name, t in (("out.batch", out.batch), ("out.rows", out.rows), ("out.dst", out.dst)):
-        (
-            check(name, t, torch.int64, 1, "cuda"),
-            check_limit(f"copies fitting {name}", batch * k_queries * k, t.numel()),
-        )
+        check(name, t, torch.int64, 1, "cuda")
+        check_limit(f"copies fitting {name}", batch * k_queries * k, t.numel())
     layers = 0 if host_ptrs is None else host_ptrs.shape[0]
     if layers:
-        (
-            check("host_ptrs", host_ptrs, torch.int64, 2, "cuda"),
-            check("payloads", payloads, torch.int64, 1, "cuda"),
-        )
+        check("host_ptrs", host_ptrs, torch.int64, 2, "cuda")
+        check("payloads", payloads, torch.int64, 1, "cuda")
         if host_ptrs.shape[1] != batch or payloads.numel() != layers:
             raise InvalidArgument(
                 f"host_ptrs {tuple(host_ptrs.shape)} / payloads {tuple(payloads.shape)} "
