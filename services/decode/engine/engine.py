@@ -55,7 +55,7 @@ class Engine:
         self.index = self.model.new_index_state()
         hcfg = config.hierarchy_config()
         if provider is None and self.policy.uses_host:
-            provider = InProcessBackingProvider()
+            provider = InProcessBackingProvider(pin=config.device.startswith("cuda"))
         self.hierarchy = Hierarchy(hcfg, config.source_specs(), provider)
         self.kv = HierarchyKV(self.hierarchy, config.model.groups)
         self.admission = admission or LocalAdmission(

@@ -12,7 +12,9 @@ Per round and source group ``g`` (model group ``g`` ↔ hierarchy group ``"g{g}"
                             follower copies happen just before the layer that reads them
     finish_round()          every reader finished: fence, release staging
 
-Counters of every plan accumulate in ``counts`` (what the metrics export).
+Counters of every plan accumulate in ``counts`` (what the metrics export). On CUDA the
+fused kernels (``kernels.resolver``: same signatures, bit-identical plans and state) do
+the resolve and the host copies; on the CPU the torch reference does.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 import torch
 
 from services.common.errors import InvalidArgument
-from services.decode.hierarchy import Hierarchy, SelectionCounts, apply_copies, open_rows, resolve
+from services.decode.hierarchy import Hierarchy, SelectionCounts, open_rows
+from services.decode.hierarchy import apply_copies as ref_apply_copies
+from services.decode.hierarchy import resolve as ref_resolve
 from services.decode.hierarchy.resolver import ResolvePlan
 from services.decode.hierarchy.staging import release_staging
 
@@ -30,6 +34,11 @@ class HierarchyKV:
 
     def __init__(self, hierarchy: Hierarchy, groups: int) -> None:
         self.h = hierarchy
+        self._resolve, self._apply = ref_resolve, ref_apply_copies
+        if hierarchy.config.torch_device.type == "cuda":
+            from kernels import resolver as fused  # CuPy is imported only on CUDA
+
+            self._resolve, self._apply = fused.resolve, fused.apply_copies
         self.names = [f"g{g}" for g in range(groups)]
         self.request_of: dict[int, str] = {}
         self.counts = SelectionCounts()
@@ -64,7 +73,7 @@ class HierarchyKV:
         opened = torch.tensor([g.request(r).tail_hi for r in rids], dtype=torch.int64,
                               device=bounds.device)
         visible = torch.minimum(bounds, opened.view(-1, 1))  # padding queries see no more
-        plan = resolve(g, rids, selections, visible)
+        plan = self._resolve(g, rids, selections, visible)
         self.counts.add(plan.counts)
         self._plans[group] = (plan, set(range(g.spec.payload_layers)))
         return plan.locations
@@ -73,7 +82,7 @@ class HierarchyKV:
         g = self.h.group(self.names[group])
         pending = self._plans.get(group)
         if pending is not None and payload in pending[1]:
-            self.copied_bytes += apply_copies(g, pending[0], payload)
+            self.copied_bytes += self._apply(g, pending[0], payload)
             pending[1].discard(payload)
         return g.payload(payload)
 
@@ -94,7 +103,7 @@ class HierarchyKV:
         plan, layers = self._plans.pop(group)
         g = self.h.group(self.names[group])
         for layer in sorted(layers):
-            self.copied_bytes += apply_copies(g, plan, layer)
+            self.copied_bytes += self._apply(g, plan, layer)
         g.readers_finished(plan.epoch)
         release_staging(g)
 
