@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -270,6 +271,7 @@ def up_command(
                                kv_memory=kv_memory, capacity=capacity,
                                max_requests=max_requests, prefixes=prefixes)
     plan = plan_cluster(state_dir, settings)
+    _stop_on_signals()
     cluster = start_cluster(plan)
     try:
         print_endpoints(plan)
@@ -281,6 +283,16 @@ def up_command(
         pass
     finally:
         cluster.stop()
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM both stop the cluster cleanly (SIGINT even when the shell
+    started us with it ignored, as background jobs are)."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _targets(targets: str, state_dir: Path) -> list[str]:
@@ -326,10 +338,10 @@ def load_command(
 
 def demo_command(
     workers: int = typer.Option(2, help="Decode workers."),
-    requests: int = typer.Option(24, help="Requests per phase."),
-    concurrency: int = typer.Option(8, help="Requests in flight."),
-    input_len: int = typer.Option(192, help="Prompt tokens."),
-    output_len: int = typer.Option(24, help="Output cap."),
+    requests: int = typer.Option(32, help="Requests per phase."),
+    concurrency: int = typer.Option(12, help="Requests in flight."),
+    input_len: int = typer.Option(384, help="Prompt tokens (24 pages: the pools contend)."),
+    output_len: int = typer.Option(32, help="Output cap."),
     kv_memory: str = typer.Option("768KiB", help="KV budget per worker (small: contention)."),
     state_dir: Path = typer.Option(Path("runs/demo"), help="Logs and cluster.json."),
 ) -> None:
@@ -339,6 +351,7 @@ def demo_command(
                                kv_memory=kv_memory, max_requests=max(4, concurrency),
                                max_context=1024)
     plan = plan_cluster(state_dir, settings)
+    _stop_on_signals()
     console.print(f"starting kvstore, residency and {workers} decode workers "
                   f"(logs: {state_dir / 'logs'}) ...")
     t0 = time.perf_counter()

@@ -37,6 +37,16 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the supervisor dies (even by SIGKILL), so
+    a killed ``dhisparse up`` leaves no orphaned services behind (Linux only)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 @dataclass(slots=True)
 class ProcessSpec:
     name: str
@@ -83,7 +93,7 @@ class Supervisor:
         out = open(log_path, "ab")
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_die_with_parent)
         out.close()
         log.info("started", extra={"fields": {"name": spec.name, "pid": proc.pid,
                                               "port": spec.port, "restarts": restarts}})
