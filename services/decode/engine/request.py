@@ -21,8 +21,8 @@ class Phase(enum.Enum):
 class GenerateSpec:
     """What a client asks for: a prompt (or a registered prefix), an output cap, speculation.
 
-    ``spec_block`` is the round's K_r cap (anchor included); 0 disables speculation for
-    the request even under a speculative policy.
+    ``spec_block`` caps the round's K_r (anchor included) under a speculative policy:
+    1 turns speculation off for the request, 0 means the engine's K_max.
     """
 
     request_id: str

@@ -159,8 +159,9 @@ def _place_history(
         backings = state.backings
         if backings and not bool(backings[layer].backed_mask()[on_device:boundary].all()):
             backings[layer].write(on_device, src[on_device:boundary].cpu())
-    for backing in state.backings:  # commit after every layer's bytes landed (I4)
-        backing.commit(on_device, boundary)
+    if boundary > on_device:
+        for backing in state.backings:  # commit after every layer's bytes landed (I4)
+            backing.commit(on_device, boundary)
     state.page_map[: len(pages)] = page_t
     state.page_ready[: len(pages)] = True
 
