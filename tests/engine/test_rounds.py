@@ -135,3 +135,25 @@ def test_speculative_memory_matches_the_formulas(topology) -> None:
                               max_context=1024))
     assert longer.allocated_spec_bytes() == (ring, staging)  # independent of context
     assert Engine(pressured("adaptive", topology, pages=400)).spec_memory() is None
+
+
+def test_rejected_rows_are_rolled_back_everywhere() -> None:
+    """After every speculative round: tail, index keys and draft ring end at n' (eq. 7);
+    rejected rows are neither committed nor backed up (I5)."""
+    engine = Engine(pressured("adaptive-spec", "glm", pages=400))
+    for i, p in enumerate(prompts(3)):
+        engine.submit(GenerateSpec(f"r{i}", 20, prompt=p))
+    while not engine.idle:
+        engine.step()
+        for run in engine.running.values():
+            n = run.committed
+            for group in engine.hierarchy.groups.values():
+                state = group.request(run.request_id)
+                assert state.committed == state.tail_hi == n
+                for backing in state.backings:
+                    assert not bool(backing.backed_mask()[n:].any())
+            for g in range(engine.config.model.groups):
+                assert engine.index.length(run.slot, g) == n
+            assert engine.drafter.frontier(run.slot) <= n
+        check_engine(engine)
+    assert engine.stats.round_queries > engine.stats.round_tokens  # some drafts rejected
