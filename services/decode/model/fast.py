@@ -29,6 +29,7 @@ indexer gathers a batch's keys with one ``index_select``.
 from __future__ import annotations
 
 import torch
+from torch.profiler import record_function
 
 from services.common.errors import InvalidArgument, NotFound, ResourceExhausted
 from services.decode.model.codec import FP8, decode_rows, encode_keys, encode_rows
@@ -158,17 +159,22 @@ class FastDSAModel(DSAModel):
                 lw = self.w.layers[layer]
                 x = rms_norm(h, lw.attn_norm)
                 if m == 0:
-                    sel = self._select_fast(g, x, f, host, bounds, valid, index)
+                    with record_function("indexer"):
+                        sel = self._select_fast(g, x, f, host, bounds, valid, index)
                 if cfg.produces_payload(layer):
-                    kv.write_tail(g, cfg.payload_of(layer)[1], f.slot, f.pos,
-                                  encode_rows(cfg, x @ lw.wkv))
+                    with record_function("kv_write"):
+                        kv.write_tail(g, cfg.payload_of(layer)[1], f.slot, f.pos,
+                                      encode_rows(cfg, x @ lw.wkv))
                 if m == 0:
-                    loc = kv.resolve(g, slots, sel, bounds)
+                    with record_function("resolver"):
+                        loc = kv.resolve(g, slots, sel, bounds)
                 p = cfg.payload_of(layer)[1]
                 if p not in rows:  # one gather + decode per payload source and round
-                    rows[p] = self._gather_rows(g, p, loc, f, kv)
+                    with record_function("gather_rows"):
+                        rows[p] = self._gather_rows(g, p, loc, f, kv)
                 h = self._layer(lw, h, x, *rows[p])
-        logits = rms_norm(h, self.w.final_norm) @ self.w.lm_head
+        with record_function("lm_head"):
+            logits = rms_norm(h, self.w.final_norm) @ self.w.lm_head
         out = torch.zeros(B, K, cfg.vocab, dtype=logits.dtype, device=logits.device)
         out[f.b, f.j] = logits
         return out
@@ -176,10 +182,11 @@ class FastDSAModel(DSAModel):
     def _layer(self, lw: LayerWeights, h: torch.Tensor, x: torch.Tensor,
                rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
-        q = (x @ lw.wq).view(-1, cfg.heads, cfg.latent_dim)
-        o = attend_batched(q, rows, mask)
-        h = h + o @ lw.wo
-        return h + mlp(h, lw.mlp_norm, lw.w_up, lw.w_down)
+        with record_function("attention"):
+            q = (x @ lw.wq).view(-1, cfg.heads, cfg.latent_dim)
+            h = h + attend_batched(q, rows, mask) @ lw.wo
+        with record_function("mlp"):
+            return h + mlp(h, lw.mlp_norm, lw.w_up, lw.w_down)
 
     # -- indexer -------------------------------------------------------------------------
     def _select_fast(self, g: int, x: torch.Tensor, f, host: _HostView, bounds: torch.Tensor,
@@ -211,7 +218,8 @@ class FastDSAModel(DSAModel):
         → ``rows [N, k+1, latent]`` and ``mask bool [N, k+1]`` (True = attended)."""
         cfg = self.cfg
         sel = loc[f.b, f.j]  # [N, k]
-        pool = kv.pool(g, p)
+        with record_function("host_copies"):
+            pool = kv.pool(g, p)  # applies the plan's host copies to this payload
         own = kv.tail_rows(g, p, f.slot, f.pos)
         raw = torch.cat([pool[sel.clamp_min(0)], own.unsqueeze(1)], dim=1)  # [N, k+1, R]
         mask = torch.cat([sel >= 0, torch.ones_like(sel[:, :1], dtype=torch.bool)], dim=1)
