@@ -469,25 +469,41 @@ def run_peer(args: dict, rec: dict) -> None:
             "tail": str(exc)[-2000:],
         }
     if out.exists():
-        peer = json.loads(out.read_text())
-        rec["peer_ceiling"] = peer.get("ceiling")
-        rec["peer_cases"] = [
-            {
-                k: c.get(k)
-                for k in (
-                    "layout",
-                    "item_bytes",
-                    "top_k",
-                    "batch",
-                    "profile",
-                    "us_per_call",
-                    "GBps",
-                    "frac_of_h2d_memcpy",
-                )
-            }
-            | {"ok": c.get("check", {}).get("ok")}
-            for c in peer.get("cases", [])
-        ]
+        merge_peer(rec, json.loads(out.read_text()))
+
+
+def merge_peer(rec: dict, peer: dict) -> None:
+    """Put the peer harness's cases (run in the same device call) beside ours, for table()."""
+    rec["peer_ceiling"] = peer.get("ceiling")
+    rec["peer_cases"] = [
+        {
+            k: c.get(k)
+            for k in (
+                "layout",
+                "item_bytes",
+                "top_k",
+                "batch",
+                "profile",
+                "us_per_call",
+                "GBps",
+                "frac_of_h2d_memcpy",
+            )
+        }
+        | {"ok": c.get("check", {}).get("ok")}
+        for c in peer.get("cases", [])
+    ]
+    rec["table_md"] = table(rec)
+
+
+def merge_files(ours: str, peer: str, git_sha: str = "") -> None:
+    """``python -m bench.bench_resolver merge OURS PEER``-style helper (called from Python):
+    rewrite OURS with PEER's cases merged and the side-by-side table regenerated."""
+    rec = json.loads(Path(ours).read_text())
+    merge_peer(rec, json.loads(Path(peer).read_text()))
+    if git_sha and rec.get("env", {}).get("git_sha") in (None, "unknown"):
+        rec["env"]["git_sha"] = git_sha
+        rec["env"]["git_sha_note"] = "filled in after the run (no .git on the device)"
+    write_json(ours, rec)
 
 
 def table(rec: dict) -> str:
