@@ -130,6 +130,7 @@ def plot_serve(path: str | Path, rows: Sequence[dict[str, object]], title: str) 
               ylabel="Output throughput (tok/s)", title="a  throughput")
     ax[0].set_xticks(sorted({int(r["concurrency"]) for r in rows}))  # type: ignore[arg-type]
     ax[0].get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+    ax[0].get_xaxis().set_minor_formatter(plt.matplotlib.ticker.NullFormatter())
     ax[1].set(yscale="log", xlabel="Output throughput (tok/s)",
               ylabel="Mean time to first token (s)", title="b  TTFT")
     ax[2].set(xlabel="Output throughput (tok/s)", ylabel="Mean time per output token (ms)",
