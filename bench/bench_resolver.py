@@ -18,6 +18,7 @@ Run: ``dhisparse bench resolver`` (or ``python -m bench.bench_resolver``).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -167,6 +168,10 @@ class Case:
         self.st.restore(self.cold)
 
     def call(self, i: int) -> None:
+        self.lookup(i)
+        self.commit(i)
+
+    def lookup(self, i: int) -> None:
         kres, st = self.kres, self.st
         kres.lookup(
             self.ws,
@@ -180,6 +185,9 @@ class Case:
             rows_bound=st.tail_lo,
             finished_epoch=0,
         )
+
+    def commit(self, i: int) -> None:
+        kres, st = self.kres, self.st
         kres.commit(
             self.ws,
             self.table,
@@ -329,6 +337,8 @@ def run_ours(args: dict, rec: dict) -> None:
         rec["fit"][str(item)] = fit_gbps(pts)
         if item == items[0]:
             run_k8(args, rec, states[configs[0][1]], host, pool, item, configs[0][0], flush)
+            if args["blocks_sweep"]:
+                run_blocks_sweep(args, rec, states[configs[0][1]], host, pool, item, configs[0][0])
         del pool
     torch.cuda.cudart().cudaHostUnregister(host_raw.data_ptr()) if how.startswith(
         "cudaHost"
@@ -357,6 +367,58 @@ def run_k8(args: dict, rec: dict, st: State, host, pool, item: int, k: int, flus
         f"K=1 {out['K1']['us']['median']:.1f} us ({out['K1']['copies']} copies)",
         flush=True,
     )
+
+
+def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k: int) -> None:
+    """Lookup with 1 and 2 blocks per SM (DHISPARSE_LOOKUP_BLOCKS) at batch 32 and 160, plus
+    launch 1 alone. Calls take windows after the main cases' (never read by them; batch 160
+    re-reads batch 32's rows of its first 32 requests)."""
+    flush = Flusher(pool.device)
+    calls = 1 + args["warmup"] + args["reps"] + args["wall_reps"]
+    out = []
+    for bs in (b for b in (32, 160) if b <= st.P):
+        for prof in ("hit100", "miss2", "miss20"):
+            m, off = round(PROFILES[prof] * k), calls
+            for blocks in ("1", "2"):
+                n = args["warmup"] + args["reps"]
+                if m * (off + 2 * n) > st.nonres.shape[1]:
+                    continue
+                os.environ["DHISPARSE_LOOKUP_BLOCKS"] = blocks
+                case = Case(st, host, pool, item, bs, 1, k, m, False)
+                ok = case.check(off)["ok"]
+                full = time_gpu(
+                    lambda i, o=off, c=case: c.call(i + o),
+                    args["reps"],
+                    args["warmup"],
+                    before=lambda i, o=off, c=case: c.before(i + o),
+                    flush=flush,
+                )
+                off += n + 1
+                look = time_gpu(
+                    lambda i, o=off, c=case: c.lookup(i + o),
+                    args["reps"],
+                    args["warmup"],
+                    before=lambda i, o=off, c=case: c.before(i + o),
+                    flush=flush,
+                )
+                off += n + 1
+                r = {
+                    "batch": bs,
+                    "profile": prof,
+                    "lookup_blocks_per_sm": int(blocks),
+                    "ok": ok,
+                    "us": statistics.median(full),
+                    "lookup_us": statistics.median(look),
+                }
+                out.append(r)
+                print(
+                    f"blocks/SM={blocks} bs={bs:3d} {prof:6s} us={r['us']:7.1f} "
+                    f"lookup_us={r['lookup_us']:7.1f} ok={ok}",
+                    flush=True,
+                )
+    os.environ.pop("DHISPARSE_LOOKUP_BLOCKS", None)
+    rec["lookup_blocks_sweep"] = {"item_bytes": item, "top_k": k, "cases": out}
+    del flush
 
 
 def run_vs_reference(rec: dict, reps: int = 5) -> None:
@@ -549,13 +611,18 @@ def command(
     peer_out: str = "",
     peer_deadline_s: float = 200.0,
     peer_layouts: str = "scattered,contiguous",
+    blocks_sweep: bool = True,
 ) -> None:
     """Fused resolver vs the memcpy ceiling and SGLang HiSparse's kernel (JSON + table)."""
     args = dict(locals())
     rec = {
         "what": "dhisparse fused resolver (kernels/resolver.cu), sync-free path: "
         "lookup + commit/copy",
-        "env": environment() | {"victim_select": kres_select()},
+        "env": environment()
+        | {
+            "victim_select": kres_select(),
+            "lookup_blocks": os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto"),
+        },
         "setup": {k: v for k, v in args.items() if k != "out"},
         "cases": [],
     }

@@ -186,20 +186,42 @@ __device__ void sort_smem(unsigned long long* keys, int n) {
 #define SELECT_MAX 1024  // victims ordered by radix select + counting ranks up to this many
 
 // The nv smallest of Bp unique keys (non-candidates are ~0), in ascending order, without
-// sorting all Bp: MSD radix select of the nv-th smallest key K* (8 passes of an 8-bit
-// histogram), then the nv keys <= K* are compacted and each one's rank is counted
-// (nv^2 / NT compares). Writes their slots to out[rank].
+// sorting all Bp: MSD radix select of the nv-th smallest key K* (8-bit histograms, from the
+// highest byte in which a candidate key is non-zero: stamps and 20-bit slots make the top
+// 3-4 bytes zero, whose passes would pile every key into one bin), then the nv keys <= K*
+// are compacted and each one's rank is counted (nv^2 / NT compares). Writes their slots
+// to out[rank]. Non-candidates (~0) are skipped: they are above every candidate and
+// nv <= candidates. Histogram and compaction atomics are warp-aggregated.
 __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned nv, i32* out, unsigned* hist,
                                unsigned long long* vkeys, unsigned* scal) {
     const int lane = threadIdx.x & 31;
-    unsigned long long prefix = 0, mask = 0;
+    __shared__ unsigned long long s_max;
+    if (threadIdx.x == 0) s_max = 0;
+    __syncthreads();
+    unsigned long long mx = 0;
+    for (int s = threadIdx.x; s < Bp; s += NT) {
+        const unsigned long long key = keys[s];
+        if (key != ~0ull) mx = max(mx, key);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0 && mx) atomicMax(&s_max, mx);
+    __syncthreads();
+    const int top = s_max ? (63 - __clzll((long long)s_max)) >> 3 : 0;  // highest non-zero byte
+    unsigned long long prefix = 0, mask = top == 7 ? 0ull : ~0ull << (8 * top + 8);
     unsigned target = nv;  // 1-based rank of K* among the keys matching prefix
-    for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int shift = 8 * top; shift >= 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0;
         __syncthreads();
-        for (int s = threadIdx.x; s < Bp; s += NT) {
-            const unsigned long long key = keys[s];
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+        for (int s0 = 0; s0 < Bp; s0 += NT) {  // uniform trip count: every lane reaches the ballot
+            const int s = s0 + threadIdx.x;
+            const unsigned long long key = s < Bp ? keys[s] : ~0ull;
+            const bool in = key != ~0ull && (key & mask) == prefix;
+            const unsigned bin = (unsigned)(key >> shift) & 255u, act = __ballot_sync(0xffffffffu, in);
+            if (in) {
+                const unsigned peers = __match_any_sync(act, bin);
+                if (lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+            }
         }
         __syncthreads();
         if (threadIdx.x < 32) {
@@ -232,9 +254,15 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
     }
     if (threadIdx.x == 0) scal[2] = 0;
     __syncthreads();
-    for (int s = threadIdx.x; s < Bp; s += NT) {
-        const unsigned long long key = keys[s];
-        if (key <= prefix) vkeys[atomicAdd(&scal[2], 1u)] = key;
+    for (int s0 = 0; s0 < Bp; s0 += NT) {
+        const int s = s0 + threadIdx.x;
+        const unsigned long long key = s < Bp ? keys[s] : ~0ull;
+        const bool take = key <= prefix;  // prefix = K* < ~0
+        const unsigned bal = __ballot_sync(0xffffffffu, take);
+        unsigned base = 0;
+        if (lane == 0 && bal) base = atomicAdd(&scal[2], (unsigned)__popc(bal));
+        base = __shfl_sync(0xffffffffu, base, 0);
+        if (take) vkeys[base + __popc(bal & ((1u << lane) - 1u))] = key;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < (int)nv; i += NT) {
@@ -247,7 +275,8 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
 
 // shared layout of resolve_lookup (dynamic): need bitmap [W] u32, miss bitmap [W] u32,
 // need prefix [W] u16, miss prefix [W] u16, then LRU keys [Bp] u64 (8-byte aligned).
-extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(
+template <int UL>
+__device__ __forceinline__ void lookup_body(
     const i64* __restrict__ table, const i64* __restrict__ sel, const i64* __restrict__ visible,
     i64* __restrict__ locs, i64* __restrict__ need_loc, i64* __restrict__ misses,
     i32* __restrict__ victims, i32* __restrict__ hit_slots, i64* __restrict__ summary,
@@ -279,21 +308,21 @@ extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0ull;
     __syncthreads();
 
-    // pass 1: direct path; the rest becomes the union bitmap. Entries go in groups of U
+    // pass 1: direct path; the rest becomes the union bitmap. Entries go in groups of UL
     // per thread with every load of a group issued before the first use (after the L2
-    // flush each dependent load is an HBM round trip; batching keeps U of them in flight).
+    // flush each dependent load is an HBM round trip; batching keeps UL of them in flight).
     unsigned n_tail = 0, n_opt = 0, status = 0;
-    for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * U) {
-        i64 r[U], vis[U], loc[U];
-        bool tail[U], page[U];
+    for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * UL) {
+        i64 r[UL], vis[UL], loc[UL];
+        bool tail[UL], page[UL];
 #pragma unroll
-        for (int q = 0; q < U; ++q) {
+        for (int q = 0; q < UL; ++q) {
             const int e = e0 + q * NT;
             r[q] = e < Kk ? s_b[e] : -1;
             vis[q] = e < Kk ? visible[(i64)b * K + e / k] : 0;
         }
 #pragma unroll
-        for (int q = 0; q < U; ++q) {
+        for (int q = 0; q < UL; ++q) {
             unsigned bad = 0;
             if (e0 + q * NT < Kk) {
                 if (vis[q] < 0 || vis[q] > tail_hi) bad |= ST_VISIBLE;
@@ -307,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(
             loc[q] = tail[q] ? tail_locs[r[q] % T] : -1;
         }
 #pragma unroll
-        for (int q = 0; q < U; ++q) {
+        for (int q = 0; q < UL; ++q) {
             const int e = e0 + q * NT;
             if (page[q]) {
                 loc[q] = page_map[r[q] / p] * p + r[q] % p;
@@ -342,30 +371,35 @@ extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(
         const i64* protect = ptr<const i64>(row, T_HOT_PROTECT);
         const i64* hot_locs = ptr<const i64>(row, T_HOT_LOCS);
         unsigned n_cand = 0;
-        for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * U) {
-            i64 hr[U], pr[U], st[U], hl[U];
-            bool hit[U];
+        for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * UL) {
+            i64 hr[UL], pr[UL], st[UL], hl[UL];
+            bool hit[UL];
 #pragma unroll
-            for (int q = 0; q < U; ++q) {
+            for (int q = 0; q < UL; ++q) {
                 const int s = s0 + q * NT;
                 hr[q] = s < B ? hot_rows[s] : -1;
                 pr[q] = s < B ? protect[s] : 0;
                 st[q] = s < B ? stamp[s] : 0;
             }
 #pragma unroll
-            for (int q = 0; q < U; ++q) {
+            for (int q = 0; q < UL; ++q) {
                 hit[q] = hr[q] >= 0 && hr[q] < nbits && test_bit(need_bm, hr[q]);
                 hl[q] = hit[q] ? hot_locs[s0 + q * NT] : 0;
             }
 #pragma unroll
-            for (int q = 0; q < U; ++q) {
+            for (int q = 0; q < UL; ++q) {
                 const int s = s0 + q * NT;
+                // hit slots are listed in any order: one shared atomic per warp, not per hit
+                const unsigned bal = __ballot_sync(0xffffffffu, s < Bp && hit[q]);
+                unsigned long long base = 0;
+                if ((threadIdx.x & 31) == 0 && bal) base = atomicAdd(&cnt[4], (unsigned long long)__popc(bal));
+                base = __shfl_sync(0xffffffffu, base, 0);
                 if (s >= Bp) continue;
                 unsigned long long key = ~0ull;
                 if (hit[q]) {
                     need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, hr[q])] = hl[q];
                     atomicAnd(&miss_bm[hr[q] >> 5], ~(1u << (hr[q] & 31)));
-                    hit_slots[(i64)b * B + atomicAdd(&cnt[4], 1ull)] = s;
+                    hit_slots[(i64)b * B + base + __popc(bal & ((1u << (threadIdx.x & 31)) - 1u))] = s;
                 } else if (s < B && pr[q] <= finished_epoch) {
                     key = ((unsigned long long)st[q] << 20) | (unsigned)s;  // (stamp, slot)
                     ++n_cand;
@@ -378,22 +412,22 @@ extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(
         m = bitmap_prefix(miss_bm, miss_pre, W, tmp);  // syncs
         // pass 2: entries of the union get a hot location or an encoded miss rank
         unsigned n_hot = 0, n_host = 0;
-        for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * U) {
-            i64 l[U], r[U], hl[U];
-            bool miss[U];
+        for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * UL) {
+            i64 l[UL], r[UL], hl[UL];
+            bool miss[UL];
 #pragma unroll
-            for (int q = 0; q < U; ++q) {
+            for (int q = 0; q < UL; ++q) {
                 const int e = e0 + q * NT;
                 l[q] = e < Kk ? l_b[e] : -1;
                 r[q] = e < Kk ? s_b[e] : -1;
             }
 #pragma unroll
-            for (int q = 0; q < U; ++q) {
+            for (int q = 0; q < UL; ++q) {
                 miss[q] = l[q] == SENTINEL && test_bit(miss_bm, r[q]);
                 hl[q] = l[q] == SENTINEL && !miss[q] ? need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, r[q])] : 0;
             }
 #pragma unroll
-            for (int q = 0; q < U; ++q) {
+            for (int q = 0; q < UL; ++q) {
                 if (l[q] != SENTINEL) continue;
                 if (miss[q]) {
                     l_b[e0 + q * NT] = -2 - (i64)rank_of(miss_bm, miss_pre, r[q]);
@@ -491,6 +525,19 @@ extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(
         totals[R_TICKET] = 0;
     }
 }
+
+#define LOOKUP_ARGS                                                                                     \
+    const i64 *__restrict__ table, const i64 *__restrict__ sel, const i64 *__restrict__ visible,            \
+        i64 *__restrict__ locs, i64 *__restrict__ need_loc, i64 *__restrict__ misses,                       \
+        i32 *__restrict__ victims, i32 *__restrict__ hit_slots, i64 *__restrict__ summary,                  \
+        i64 *__restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,             \
+        i64 finished_epoch, int select_mode
+#define LOOKUP_PASS table, sel, visible, locs, need_loc, misses, victims, hit_slots, summary, totals, batch, K, \
+                    k, B, Bp, T, p, W, finished_epoch, select_mode
+// One block per SM (64 registers, 4 loads in flight per thread) ...
+extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) { lookup_body<4>(LOOKUP_PASS); }
+// ... or two (32 registers, 2 loads in flight): a batch above the SM count in one wave.
+extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2(LOOKUP_ARGS) { lookup_body<2>(LOOKUP_PASS); }
 
 // Copy item -> (request, miss index) by binary search over copy offsets in shared memory.
 __device__ __forceinline__ int find_request(const i64* off, int batch, i64 c) {

@@ -66,6 +66,21 @@ def default_select() -> str:
     return value
 
 
+LOOKUP_BLOCKS = ("auto", "1", "2")
+
+
+def lookup_blocks(batch: int, device: int) -> int:
+    """Lookup blocks per SM: ``DHISPARSE_LOOKUP_BLOCKS`` (auto | 1 | 2), default auto = 2 when
+    the batch exceeds the SM count (one wave instead of two; 32 registers and 2 loads in
+    flight per thread instead of 64 and 4), else 1. Same results either way."""
+    value = os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto")
+    if value not in LOOKUP_BLOCKS:
+        raise InvalidArgument(f"DHISPARSE_LOOKUP_BLOCKS={value!r} must be one of {LOOKUP_BLOCKS}")
+    if value == "auto":
+        return 2 if batch > sm_count(device) else 1
+    return int(value)
+
+
 @dataclass(slots=True)
 class Workspace:
     """Scratch of the two launches, reused call after call on one stream.
@@ -145,7 +160,8 @@ def lookup(
     pow2 = max(SORT_N, 1 << max(0, (max(hot_slots, 1) - 1).bit_length()))
     shared = -(-12 * words // 16) * 16 + 8 * pow2
     dev = selections.device.index
-    fn = kernel("resolver", "resolve_lookup", dev, True)
+    blocks = lookup_blocks(batch, dev)
+    fn = kernel("resolver", "resolve_lookup_2" if blocks == 2 else "resolve_lookup", dev, True)
     cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
     check_limit("shared bytes (12 * ceil(rows_bound / 32) + 8 * pow2(B))", shared, cap)
     args = (

@@ -179,9 +179,14 @@ CASES = [  # batch, K, k, hot slots, staging rows, row bytes
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
-@pytest.mark.parametrize("select", ["radix", "sort"])
-def test_fused_resolver_matches_reference(case: tuple, select: str, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "select,blocks", [("radix", "auto"), ("sort", "auto"), ("radix", "2"), ("radix", "1")]
+)
+def test_fused_resolver_matches_reference(
+    case: tuple, select: str, blocks: str, monkeypatch
+) -> None:
     monkeypatch.setenv("DHISPARSE_VICTIM_SELECT", select)
+    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", blocks)  # auto: 2 per SM for batch 256
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)  # fresh inputs every run; printed on failure
     h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
