@@ -111,6 +111,7 @@ class ServiceConfig:
     log_level: str = "INFO"
     log_json: bool = False
     grace_seconds: float = 5.0
+    port_file: str | None = None  # write the bound gRPC port here (tests, supervisors)
 
     def __post_init__(self) -> None:
         check_port("port", self.port)

@@ -43,7 +43,6 @@ class DecodeConfig(ServiceConfig):
     admit_timeout_seconds: float = 120.0
     prefixes: str = ""                   # "name=length[:seed],..." prefilled at start
     threads: int = 1                     # torch intra-op threads (1: tiny ops on few cores)
-    port_file: str | None = None
 
     def __post_init__(self) -> None:
         ServiceConfig.__post_init__(self)

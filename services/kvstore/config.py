@@ -29,7 +29,6 @@ class KVStoreConfig(ServiceConfig):
     max_chunk_bytes: Size = DEFAULT_CHUNK
     preallocate: bool = True
     expiry_interval_seconds: float = 1.0
-    port_file: str | None = None
 
     def __post_init__(self) -> None:
         ServiceConfig.__post_init__(self)

@@ -8,60 +8,36 @@ import json
 
 import typer
 
-from services.common.errors import ConfigError
+from services.common.cli import opt, service_command
 
 DEFAULT_ADDRESS = "127.0.0.1:50052"
 
 
-def _opt(flag: str, help_text: str, env: str) -> typer.models.OptionInfo:
-    return typer.Option(None, flag, help=help_text, envvar=f"DHISPARSE_{env}",
-                        show_default=False)
 
-
+@service_command("residency", "services.residency.config:ResidencyConfig",
+                 "services.residency.server:main", default_port=50052)
 def command(
-    host: str | None = _opt("--host", "Bind address (default 127.0.0.1).", "HOST"),
-    port: int | None = _opt("--port", "gRPC port, 0 = any free port (default 50052).", "PORT"),
-    metrics_port: int | None = _opt("--metrics-port", "Prometheus /metrics port.",
-                                    "METRICS_PORT"),
-    policy: str | None = _opt("--policy", "whole-request (paper eq. 4) or elastic.", "POLICY"),
-    reclaim_order: str | None = _opt(
+    policy: str | None = opt("--policy", "whole-request (paper eq. 4) or elastic.", "POLICY"),
+    reclaim_order: str | None = opt(
         "--reclaim-order", "backed-largest (default), largest, oldest or newest.",
         "RECLAIM_ORDER"),
-    populate_pages: int | None = _opt("--populate-pages", "Pages per Populate (default 16).",
+    populate_pages: int | None = opt("--populate-pages", "Pages per Populate (default 16).",
                                       "POPULATE_PAGES"),
-    populate_inflight: int | None = _opt("--populate-inflight",
+    populate_inflight: int | None = opt("--populate-inflight",
                                          "Populates in flight per worker (default 2).",
                                          "POPULATE_INFLIGHT"),
-    alpha_min: float | None = _opt("--alpha-min", "Elastic policy: lowest alpha (0.1).",
+    alpha_min: float | None = opt("--alpha-min", "Elastic policy: lowest alpha (0.1).",
                                    "ALPHA_MIN"),
-    base_pages: int | None = _opt("--base-pages", "Elastic policy: C_base in pages (1).",
+    base_pages: int | None = opt("--base-pages", "Elastic policy: C_base in pages (1).",
                                   "BASE_PAGES"),
-    request_slots: int | None = _opt("--request-slots",
+    request_slots: int | None = opt("--request-slots",
                                      "Slots of a worker that registers with 0 (256).",
                                      "REQUEST_SLOTS"),
-    heartbeat_timeout_seconds: float | None = _opt(
+    heartbeat_timeout_seconds: float | None = opt(
         "--heartbeat-timeout-seconds", "Silence after which a worker is dropped (10).",
         "HEARTBEAT_TIMEOUT_SECONDS"),
-    token: str | None = _opt("--token", "Shared bearer token.", "TOKEN"),
-    tls_cert: str | None = _opt("--tls-cert", "TLS certificate (PEM).", "TLS_CERT"),
-    tls_key: str | None = _opt("--tls-key", "TLS key (PEM).", "TLS_KEY"),
-    log_level: str | None = _opt("--log-level", "DEBUG, INFO, WARNING, ERROR.", "LOG_LEVEL"),
-    log_json: bool | None = typer.Option(None, "--log-json/--log-text",
-                                         envvar="DHISPARSE_LOG_JSON", help="JSON log lines."),
-    port_file: str | None = _opt("--port-file", "Write the bound gRPC port here.",
-                                 "PORT_FILE"),
 ) -> None:
     """Run the residency controller (one per cluster, soft state)."""
-    from services.residency.config import ResidencyConfig
-    from services.residency.server import main
-
-    overrides = {k: v for k, v in locals().items() if k not in ("ResidencyConfig", "main")}
-    try:
-        config = ResidencyConfig.load(overrides)
-    except ConfigError as e:
-        typer.echo(f"dhisparse residency: {e}", err=True)
-        raise typer.Exit(code=2) from None
-    main(config)
 
 
 def status_command(
@@ -70,7 +46,7 @@ def status_command(
                                 help="host:port of the residency controller."),
     requests: bool = typer.Option(False, "--requests", help="Also list every request."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    token: str | None = _opt("--token", "Shared bearer token.", "TOKEN"),
+    token: str | None = opt("--token", "Shared bearer token.", "TOKEN"),
     timeout: float = typer.Option(5.0, help="Seconds to wait for the controller."),
 ) -> None:
     """Print the cluster's ledger: pages by kind, slots and coverage per worker."""

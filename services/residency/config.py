@@ -23,7 +23,6 @@ class ResidencyConfig(ServiceConfig):
     request_slots: int = 256           # default when a worker registers with 0
     heartbeat_timeout_seconds: float = 10.0
     tick_seconds: float = 0.25         # reaper and metrics refresh period
-    port_file: str | None = None
 
     def __post_init__(self) -> None:
         ServiceConfig.__post_init__(self)

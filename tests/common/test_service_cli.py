@@ -1,0 +1,61 @@
+"""``service_command``: common contract flags around a service's own, env fallbacks,
+one-line config errors with exit code 2."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import typer
+from typer.testing import CliRunner
+
+from services.common.cli import opt, service_command
+from services.common.config import ServiceConfig
+
+SEEN: list[ServiceConfig] = []
+
+
+@dataclass(slots=True)
+class DemoConfig(ServiceConfig):
+    capacity: int = 7
+
+
+def demo_main(config: DemoConfig) -> None:
+    SEEN.append(config)
+
+
+@service_command("demo", f"{__name__}:DemoConfig", f"{__name__}:demo_main", default_port=9)
+def command(capacity: int | None = opt("--capacity", "How much.")) -> None:
+    """Run the demo service."""
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer(rich_markup_mode=None)
+    app.command("demo")(command)
+    app.command("other")(lambda: None)
+    return app
+
+
+def test_help_lists_contract_and_own_flags_in_order() -> None:
+    out = CliRunner().invoke(_app(), ["demo", "--help"]).output
+    flags = ["--host", "--port", "--metrics-port", "--capacity", "--token", "--tls-cert",
+             "--tls-key", "--log-level", "--log-json", "--port-file"]
+    positions = [out.index(f) for f in flags]
+    assert positions == sorted(positions)
+    assert "any free port [9]" in out and "DHISPARSE_CAPACITY" in out
+
+
+def test_flags_then_env_then_defaults() -> None:
+    SEEN.clear()
+    result = CliRunner().invoke(_app(), ["demo", "--port", "5", "--log-json"],
+                                env={"DHISPARSE_CAPACITY": "3", "DHISPARSE_PORT": "6"})
+    assert result.exit_code == 0, result.output
+    cfg = SEEN[-1]
+    assert (cfg.port, cfg.capacity, cfg.log_json, cfg.host) == (5, 3, True, "127.0.0.1")
+
+
+def test_bad_config_exits_2_with_one_line() -> None:
+    SEEN.clear()
+    result = CliRunner().invoke(_app(), ["demo", "--tls-cert", "c.pem"])
+    assert result.exit_code == 2 and not SEEN
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dhisparse demo: DHISPARSE_TLS_CERT"), lines
