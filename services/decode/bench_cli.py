@@ -64,9 +64,9 @@ def _opt(default, flag: str, help_text: str):
 _METAVARS = {"--output-range-ratio": "FLOAT", "--phase-seconds": "FLOAT", "--policy": "LIST",
              "--concurrency": "LIST", "--kv-memory": "SIZE", "--json": "FILE",
              "--plot": "FILE.png", "--dump-tokens": "FILE", "--topology": "glm|deepseek",
-             "--device": "cpu|cuda", "--preset": "NAME"}
+             "--device": "cpu|cuda", "--preset": "NAME", "--clock": "wall|cpu"}
 _FLOATS = ("output_range_ratio", "phase_seconds")
-_TEXT = ("policy", "concurrency", "kv_memory", "topology", "device", "preset")
+_TEXT = ("policy", "concurrency", "kv_memory", "topology", "device", "preset", "clock")
 
 
 def _coerce(fields: dict[str, object]) -> dict[str, object]:
@@ -107,6 +107,7 @@ def serve_command(
     max_context: str = _opt(str(S.max_context), "--max-context", "Context limit per request."),
     prefixes: str = _opt(str(S.prefixes), "--prefixes", "Prepared prefixes (request i: i mod n)."),
     populate_pages: str = _opt(str(S.populate_pages), "--populate-pages", "Pages per populate."),
+    clock: str = _opt(S.clock, "--clock", "wall (elapsed) or cpu (process CPU time)."),
     threads: str = _opt("1", "--threads", "torch CPU threads."),
     json_path: str | None = _opt(None, "--json", "Write rows + header as JSON."),
     plot: str | None = _opt(None, "--plot", "Write a Figure-4-style PNG."),
@@ -167,6 +168,7 @@ def load_step_command(
     max_context: str = _opt(str(L.max_context), "--max-context", "Context limit per request."),
     prefixes: str = _opt(str(L.prefixes), "--prefixes", "Prepared prefixes."),
     populate_pages: str = _opt(str(L.populate_pages), "--populate-pages", "Pages per populate."),
+    clock: str = _opt(S.clock, "--clock", "wall (elapsed) or cpu (process CPU time)."),
     threads: str = _opt("1", "--threads", "torch CPU threads."),
     json_path: str | None = _opt(None, "--json", "Write per-phase rows + timelines as JSON."),
     plot: str | None = _opt(None, "--plot", "Write a Figure-6-style PNG."),

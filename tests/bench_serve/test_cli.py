@@ -94,6 +94,7 @@ BAD = {
                          "4"),
     "unknown-device": (["serve", "--device", "tpu"], "--device", "tpu"),
     "missing-dir": (["serve", "--json", "/nonexistent-dir/x.json"], "--json", "nonexistent"),
+    "unknown-clock": (["serve", "--clock", "sundial"], "--clock", "sundial"),
     "phase-seconds": (["load-step", "--phase-seconds", "0"], "--phase-seconds", "0"),
     "range-ratio": (["load-step", "--output-range-ratio", "1.5"], "--output-range-ratio",
                     "1.5"),

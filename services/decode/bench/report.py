@@ -55,7 +55,8 @@ def header(command: str, settings: BenchSettings) -> dict[str, object]:
     return {"command": command, "git_sha": git_sha(),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": machine(), "config": settings.as_dict(),
-            "clock": "wall (time.perf_counter), real CPU/GPU compute"}
+            "clock": {"wall": "time.perf_counter (elapsed, real compute)",
+                      "cpu": "time.process_time (this process's CPU time)"}[settings.clock]}
 
 
 def write_json(path: str | Path, head: dict[str, object], **body: object) -> None:

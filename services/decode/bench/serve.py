@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from services.decode.bench.driver import LoadPhase, drive, make_prefixes, output_lengths
 from services.decode.bench.metrics import serve_row
-from services.decode.bench.settings import BenchSettings
+from services.decode.bench.settings import CLOCKS, BenchSettings
 from services.decode.engine.admission import LocalAdmission
 from services.decode.engine.engine import Engine
 from services.decode.engine.request import RequestRun
@@ -37,7 +37,7 @@ def make_engine(settings: BenchSettings, policy: str, slots: int) -> Engine:
     h = cfg.hierarchy_config()
     admission = LocalAdmission("bench", h.num_pages, h.reserve_pages, slots,
                                PolicyConfig(populate_pages=cfg.populate_pages))
-    return Engine(cfg, admission=admission)
+    return Engine(cfg, admission=admission, clock=CLOCKS[settings.clock])
 
 
 def warm_up(settings: BenchSettings, policy: str) -> None:
