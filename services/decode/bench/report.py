@@ -82,7 +82,7 @@ SERVE_COLUMNS: list[tuple[str, str, object]] = [
 
 LOAD_STEP_COLUMNS: list[tuple[str, str, object]] = [
     ("arm", "policy", str), ("phase", "phase", str), ("C", "concurrency", str),
-    ("t s", "start_s", lambda v: f"{v:.1f}"), ("done", "requests", str),
+    ("t s", "start_s", lambda v: f"{v:.1f}"), ("reqs", "requests", str),
     ("slots", "allocated_mean", lambda v: f"{v:.1f}"),
     ("cover", "coverage_mean", lambda v: f"{v:.2f}"),
     ("host", "host_fetch_share", lambda v: f"{v:.3f}"),
