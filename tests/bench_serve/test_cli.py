@@ -42,6 +42,7 @@ def test_serve_writes_json_plot_tokens_and_table(tmp_path: Path) -> None:
     for r in doc["rows"]:
         assert SERVE_FIELDS <= r.keys()
         assert r["output_tokens_per_s"] > 0 and r["output_tokens"] == 4 * 8
+        assert r["slots"] == r["concurrency"] and r["kv_pages"] == 32  # 64 KiB / 2 KiB
     assert paths["png"].read_bytes()[:8] == PNG
     tokens = json.loads(paths["tokens"].read_text())["tokens"]
     assert tokens["hisparse"]["3"] == tokens["adaptive-spec"]["3"]

@@ -82,9 +82,15 @@ def serve_row(rec: RunRecord, concurrency: int) -> dict[str, object]:
     stats, counts, s = rec.engine.stats, rec.engine.stats.counts, rec.samples
     out = sum(len(r.output) for r in rec.runs)
     busy = [x for x in s if x.coverage == x.coverage]  # steps with requests running
+    cfg = rec.engine.config
+    longest = max((r.prompt_len + r.spec.max_new_tokens + cfg.k_max for r in rec.runs),
+                  default=0)
     return {
         "policy": rec.policy,
         "concurrency": concurrency,
+        "slots": cfg.max_requests,
+        "kv_pages": cfg.num_pages,
+        "request_required_pages": cfg.required_pages_for(longest),
         "output_tokens": out,
         "duration_s": rec.duration,
         "output_tokens_per_s": out / rec.duration if rec.duration else 0.0,
