@@ -1,4 +1,5 @@
-"""Benchmarks on the CPU: one torch thread (as the CLI runs), and a CLI runner."""
+"""A runner for the ``dhisparse bench`` CLI as a real process (the repository conftest
+already pins one torch intra-op thread per test, as the CLI runs)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import torch
-
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def cli(*args: str) -> subprocess.Popen:
