@@ -47,3 +47,16 @@ def test_speculative_policies_identical_to_each_other() -> None:
     b = _serve("adaptive-spec", shared)
     assert a[1] == b[1]
     assert a[0].stats.tokens_per_round > 1.0
+
+
+def test_profile_step_attributes_the_model_stages() -> None:
+    from services.decode.bench.settings import BenchSettings
+    from services.decode.gpu_bench.runner import profile_step
+
+    s = BenchSettings(preset="tiny", topology="deepseek", input_len=40, output_len=12,
+                      hot_cache=8, kv_memory="1MiB", page_rows=8, max_context=64,
+                      concurrency="2", requests=2, prefixes=2).validate()
+    shared = Shared.build(s.engine_config("resident", 1).model)
+    out = profile_step(s, "hisparse", 2, shared, fused=False)
+    assert out["active"] == 2 and out["wall_ms_per_step"] > 0
+    assert {"indexer", "resolver", "attention", "mlp", "gather_rows"} <= set(out["stages"])

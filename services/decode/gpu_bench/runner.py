@@ -103,12 +103,12 @@ def profile_step(settings: BenchSettings, policy: str, c: int, shared: Shared, f
     fill(engine, settings, c, shared, output_len=steps + 8)
     cuda = torch.device(settings.device).type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    t0 = time.perf_counter()
     with profile(activities=acts) as prof:
+        t0 = time.perf_counter()  # inside: the profiler's teardown is not a step
         for _ in range(steps):
             engine.step()
         sync(settings.device)
-    wall = (time.perf_counter() - t0) / steps
+        wall = (time.perf_counter() - t0) / steps
     events = prof.key_averages()
     stages: dict[str, dict[str, float]] = {}
     for ev in events:
@@ -117,10 +117,11 @@ def profile_step(settings: BenchSettings, policy: str, c: int, shared: Shared, f
             stages[ev.key] = {"device_ms": dev / 1e3 / steps,
                               "host_ms": ev.cpu_time_total / 1e3 / steps,
                               "calls": ev.count / steps}
-    kernels = sorted((ev for ev in events if getattr(ev, "self_device_time_total", 0) > 0),
-                     key=lambda e: -e.self_device_time_total)[:15]
-    device_total = sum(e.self_device_time_total for e in events
-                       if getattr(e, "self_device_time_total", 0) > 0)
+    # stage ranges appear as GPU annotations (spans, idle gaps included): not kernels
+    busy = [ev for ev in events
+            if getattr(ev, "self_device_time_total", 0) > 0 and ev.key not in STAGES]
+    kernels = sorted(busy, key=lambda e: -e.self_device_time_total)[:15]
+    device_total = sum(e.self_device_time_total for e in busy)
     out = {"policy": policy, "concurrency": c, "active": len(engine.running),
            "wall_ms_per_step": 1e3 * wall, "device_busy_ms_per_step": device_total / 1e3 / steps,
            "stages": stages,
