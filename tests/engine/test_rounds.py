@@ -11,7 +11,7 @@ from services.decode.engine.config import EngineConfig
 from services.decode.engine.engine import Engine
 from services.decode.engine.request import GenerateSpec
 from services.decode.hierarchy import apply_copies, release_staging, resolve
-from tests.engine.harness import check_engine, pressured, prompts
+from tests.engine.harness import check_engine, pressured, prompts, serve
 
 
 def test_one_resolve_per_group_per_round() -> None:
@@ -157,3 +157,21 @@ def test_rejected_rows_are_rolled_back_everywhere() -> None:
             assert engine.drafter.frontier(run.slot) <= n
         check_engine(engine)
     assert engine.stats.round_queries > engine.stats.round_tokens  # some drafts rejected
+
+
+def test_a_request_that_can_never_fit_is_refused_at_submit() -> None:
+    cfg = pressured("resident", "glm", pages=12)
+    engine = Engine(cfg)
+    with pytest.raises(InvalidArgument, match=r"needs \d+ pages .* at most 12 pages"):
+        engine.submit(GenerateSpec("big", 60, prompt=prompts(1)[0]))
+    assert engine.idle
+
+
+def test_counters_and_settings_reach_the_core() -> None:
+    engine = serve(pressured("hisparse", "glm", pages=400), n=2, max_new=6, check=False)
+    c = engine.stats.counts
+    row_bytes = engine.config.model.row_bytes
+    assert c.host_rows > 0 and c.host_bytes == c.host_rows * row_bytes * 2  # 2 payloads
+    assert engine.stats.coverage_mean == 0.0  # hisparse keeps no optional history
+    adaptive = Engine(pressured("adaptive", "glm", populate_pages=3))
+    assert adaptive.admission.core.config.populate_pages == 3

@@ -37,6 +37,7 @@ from services.decode.model.model import DSAModel, Prefix
 from services.decode.spec.acceptance import greedy_accept, sample_from, speculative_accept
 from services.decode.spec.drafter import Drafter, DrafterConfig
 from services.decode.spec.memory import SpecMemory, spec_memory
+from services.residency.core import PolicyConfig
 
 PREFIX_CACHE = 8  # prompt prefills kept for reuse (identical prompts import, not prefill)
 
@@ -59,7 +60,8 @@ class Engine:
         self.hierarchy = Hierarchy(hcfg, config.source_specs(), provider)
         self.kv = HierarchyKV(self.hierarchy, config.model.groups)
         self.admission = admission or LocalAdmission(
-            worker_id, hcfg.num_pages, hcfg.reserve_pages, config.max_requests)
+            worker_id, hcfg.num_pages, hcfg.reserve_pages, config.max_requests,
+            PolicyConfig(populate_pages=config.populate_pages))
         self.drafter = Drafter(self.model, DrafterConfig(
             layers=config.draft_layers, window=config.draft_window, page=config.page_rows,
             k_max=config.k_max, mode=config.spec_mode, greedy=config.temperature == 0),
@@ -103,6 +105,12 @@ class Engine:
                 f"({cfg.k_max}) exceeds max_context={cfg.max_context}")
         if spec.prompt is not None and any(not 0 <= t < cfg.model.vocab for t in spec.prompt):
             raise InvalidArgument(f"prompt tokens must lie in 0..{cfg.model.vocab - 1}")
+        max_rows = prompt_len + spec.max_new_tokens + cfg.k_max
+        need, room = cfg.required_pages_for(max_rows), cfg.num_pages - cfg.reserve_pages
+        if need > room:
+            raise InvalidArgument(
+                f"request {spec.request_id!r} needs {need} pages (policy {cfg.policy}, "
+                f"{max_rows} rows) but the KV budget admits at most {room} pages")
         run = RequestRun(spec, arrival=self.clock(), prompt_len=prompt_len,
                          on_tokens=on_tokens, on_finish=on_finish)
         self.waiting.append(run)
@@ -123,7 +131,8 @@ class Engine:
             if run.remaining <= 0:
                 self._finish(run)
         self._run_commands()
-        self.stats.sample(len(self.running), self.coverage())
+        if self.running:  # coverage of running requests; idle steps say nothing
+            self.stats.sample(len(self.running), self.coverage())
         return batch
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:

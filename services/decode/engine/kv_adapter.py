@@ -82,7 +82,7 @@ class HierarchyKV:
         g = self.h.group(self.names[group])
         pending = self._plans.get(group)
         if pending is not None and payload in pending[1]:
-            self.copied_bytes += self._apply(g, pending[0], payload)
+            self._count_bytes(self._apply(g, pending[0], payload))
             pending[1].discard(payload)
         return g.payload(payload)
 
@@ -97,13 +97,17 @@ class HierarchyKV:
         return g.payload(payload)[locs]
 
     # -- engine side -------------------------------------------------------------------------
+    def _count_bytes(self, copied: int) -> None:
+        self.copied_bytes += copied
+        self.counts.host_bytes += copied
+
     def _finish_group(self, group: int) -> None:
         """Readers of ``group`` finished: apply leftover copies, fence, release its staged
         rows (promoted rows are copied back to hot slots first)."""
         plan, layers = self._plans.pop(group)
         g = self.h.group(self.names[group])
         for layer in sorted(layers):
-            self.copied_bytes += self._apply(g, plan, layer)
+            self._count_bytes(self._apply(g, plan, layer))
         g.readers_finished(plan.epoch)
         release_staging(g)
 
