@@ -113,7 +113,17 @@ def serve_command(
     plot: str | None = _opt(None, "--plot", "Write a Figure-4-style PNG."),
     dump_tokens: str | None = _opt(None, "--dump-tokens", "Write every request's token ids."),
 ) -> None:
-    """Closed-loop serving benchmark: C requests in flight, per policy and C."""
+    """Closed-loop serving benchmark: C requests in flight, per policy and C.
+
+    ``--device cuda --preset h200`` runs the one-H200 configuration instead
+    (services/decode/gpu_bench: 656-byte FP8 rows, k = 2048, 32K-token prefixes)."""
+    if preset == "h200":
+        from services.decode.gpu_bench.cli import serve_h200
+
+        out = str(Path(json_path).parent) if json_path else "."
+        return serve_h200(out=out, budget_s=480.0, fused=device == "cuda",
+                          output_len=int(output_len), concurrency=concurrency,
+                          hot_cache_sweep=True)
     outputs = {"--json": json_path, "--plot": plot, "--dump-tokens": dump_tokens}
     fields = {k: v for k, v in locals().items() if k not in ("threads", "outputs", "json_path",
                                                              "plot", "dump_tokens")}
@@ -174,7 +184,15 @@ def load_step_command(
     plot: str | None = _opt(None, "--plot", "Write a Figure-6-style PNG."),
     dump_tokens: str | None = _opt(None, "--dump-tokens", "Write every request's token ids."),
 ) -> None:
-    """Load step C_low -> C_high -> C_low, optional residency on (adaptive) vs off."""
+    """Load step C_low -> C_high -> C_low, optional residency on (adaptive) vs off.
+
+    ``--device cuda --preset h200`` runs the one-H200 configuration instead."""
+    if preset == "h200":
+        from services.decode.gpu_bench.cli import load_step_h200
+
+        out = str(Path(json_path).parent) if json_path else "."
+        return load_step_h200(out=out, budget_s=300.0, fused=device == "cuda",
+                              output_len=int(output_len))
     outputs = {"--json": json_path, "--plot": plot, "--dump-tokens": dump_tokens}
     fields = {k: v for k, v in locals().items() if k not in ("threads", "outputs", "json_path",
                                                              "plot", "dump_tokens")}
