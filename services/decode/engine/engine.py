@@ -73,6 +73,10 @@ class Engine:
         self.running: dict[str, RequestRun] = {}
         self.finished: list[RequestRun] = []
         self._free_slots = list(range(config.max_requests - 1, -1, -1))
+        # every slot's tokens (prompt, then output) on the device: the drafter reads its
+        # histories as views instead of a fresh copy of the whole context each round
+        self._token_buf = torch.zeros(config.max_requests, config.max_context,
+                                      dtype=torch.int64, device=config.device)
 
     # -- requests ---------------------------------------------------------------------------
     def register_prefix(self, prefix_id: str, tokens: list[int]) -> Prefix:
@@ -211,6 +215,7 @@ class Engine:
             self.drafter.reset(run.slot)
         run.phase, run.admitted_at = Phase.RUNNING, self.clock()
         run.tokens = [int(t) for t in prefix.tokens.tolist()]
+        self._token_buf[run.slot, : run.prompt_len] = prefix.tokens.to(self.config.device)
         run.committed = run.prompt_len
         if self.config.temperature > 0:
             run.generator = torch.Generator().manual_seed(
@@ -243,6 +248,9 @@ class Engine:
     def _emit(self, run: RequestRun, tokens: list[int]) -> None:
         tokens = tokens[: run.remaining]
         now = self.clock()
+        start = len(run.tokens)
+        self._token_buf[run.slot, start: start + len(tokens)] = torch.tensor(
+            tokens, dtype=torch.int64, device=self.config.device)
         run.output.extend(tokens)
         run.tokens.extend(tokens)
         run.emit_times.extend([now] * len(tokens))
@@ -272,8 +280,7 @@ class Engine:
         if self.drafter is not None:
             caps = [max(1, min(self.config.k_max, r.spec.spec_block or self.config.k_max,
                                r.remaining)) for r in batch]
-            histories = [torch.tensor(r.tokens[: r.committed + 1], dtype=torch.int64,
-                                      device=dev) for r in batch]
+            histories = [self._token_buf[r.slot, : r.committed + 1] for r in batch]
             gens = [r.generator for r in batch] if self.config.temperature > 0 else None
             proposal = self.drafter.propose([r.slot for r in batch], histories, caps, gens)
             tokens, nq = proposal.tokens, proposal.num_queries
@@ -282,6 +289,7 @@ class Engine:
                                   device=dev)
             nq = torch.ones(B, dtype=torch.int64, device=dev)
         t0 = self.clock()
+        self.kv.begin_round([r.request_id for r in batch], nq.tolist())
         logits = self.model.forward(tokens, n, nq, slots, self.kv, self.index)
         self.kv.finish_round()
         self.stats.resolver(self.kv.counts)

@@ -32,24 +32,45 @@ from services.decode.hierarchy.staging import release_staging
 class HierarchyKV:
     """Maps model request slots to hierarchy request ids and rounds to resolves."""
 
-    def __init__(self, hierarchy: Hierarchy, groups: int) -> None:
+    def __init__(self, hierarchy: Hierarchy, groups: int, fused: bool | None = None) -> None:
+        """``fused``: use the CUDA kernels (default: exactly when the hierarchy is on CUDA)."""
         self.h = hierarchy
         self._resolve, self._apply = ref_resolve, ref_apply_copies
-        if hierarchy.config.torch_device.type == "cuda":
-            from kernels import resolver as fused  # CuPy is imported only on CUDA
+        if fused is None:
+            fused = hierarchy.config.torch_device.type == "cuda"
+        if fused:
+            from kernels import resolver as kernels  # CuPy is imported only on CUDA
 
-            self._resolve, self._apply = fused.resolve, fused.apply_copies
+            self._resolve, self._apply = kernels.resolve, kernels.apply_copies
         self.names = [f"g{g}" for g in range(groups)]
         self.request_of: dict[int, str] = {}
         self.counts = SelectionCounts()
         self.copied_bytes = 0
         self._opened: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
+        self._round: list[torch.Tensor] | None = None  # per group: tail rows of the round
         self._plans: dict[int, tuple[ResolvePlan, set[int]]] = {}
+
+    def begin_round(self, request_ids: list[str], counts: list[int]) -> None:
+        """Open this round's tail rows of every request in every group up front, in the
+        model's query order (request-major), so ``write_tail`` / ``tail_rows`` of the
+        round's own rows are one indexed copy each instead of a loop over requests."""
+        self._round = []
+        for name in self.names:
+            g = self.h.group(name)
+            locs = [open_rows(g, rid, c) for rid, c in zip(request_ids, counts, strict=True)]
+            self._round.append(torch.cat(locs))
 
     # -- KVAccess ----------------------------------------------------------------------------
     def write_tail(self, group: int, payload: int, slots: torch.Tensor,
                    positions: torch.Tensor, rows: torch.Tensor) -> None:
         g = self.h.group(self.names[group])
+        if self._round is not None:  # the round's own rows, opened by begin_round
+            locs = self._round[group]
+            if locs.numel() != rows.shape[0]:
+                raise InvalidArgument(f"rows={rows.shape[0]} but the round opened "
+                                      f"{locs.numel()} rows")
+            g.payload(payload)[locs] = rows
+            return
         for slot in torch.unique_consecutive(slots).tolist():
             mask = slots == slot
             pos = positions[mask]
@@ -89,6 +110,8 @@ class HierarchyKV:
     def tail_rows(self, group: int, payload: int, slots: torch.Tensor,
                   positions: torch.Tensor) -> torch.Tensor:
         g = self.h.group(self.names[group])
+        if self._round is not None and self._round[group].numel() == positions.numel():
+            return g.payload(payload)[self._round[group]]
         locs = torch.empty_like(positions)
         for slot in torch.unique(slots).tolist():
             mask = slots == slot
@@ -116,4 +139,5 @@ class HierarchyKV:
         for group in list(self._plans):
             self._finish_group(group)
         self._opened.clear()
+        self._round = None
         self.h.readers_finished()

@@ -23,7 +23,6 @@ from services.decode.engine.config import EngineConfig
 from services.decode.engine.engine import Engine
 from services.decode.engine.kv_adapter import HierarchyKV
 from services.decode.hierarchy import InProcessBackingProvider
-from services.decode.hierarchy.staging import release_staging
 from services.decode.model.config import ModelConfig
 from services.decode.model.fast import FastDSAModel, device_weights, synthetic_prefix
 from services.decode.model.model import Prefix
@@ -51,45 +50,6 @@ class Shared:
         return self.prefixes[key]
 
 
-class FusedHierarchyKV(HierarchyKV):
-    """``HierarchyKV`` with ``kernels.resolver``'s drop-in ``resolve``/``apply_copies``."""
-
-    def __init__(self, hierarchy, groups: int) -> None:
-        super().__init__(hierarchy, groups)
-        from kernels import resolver as fused
-
-        self._fused = fused
-
-    def resolve(self, group, slots, selections, bounds):
-        for earlier in [e for e in self._plans if e != group]:
-            self._finish_group(earlier)
-        g = self.h.group(self.names[group])
-        rids = [self.request_of[int(s)] for s in slots.tolist()]
-        opened = torch.tensor([g.request(r).tail_hi for r in rids], dtype=torch.int64,
-                              device=bounds.device)
-        visible = torch.minimum(bounds, opened.view(-1, 1)).contiguous()
-        plan = self._fused.resolve(g, rids, selections.contiguous(), visible)
-        self.counts.add(plan.counts)
-        self._plans[group] = (plan, set(range(g.spec.payload_layers)))
-        return plan.locations
-
-    def pool(self, group, payload):
-        g = self.h.group(self.names[group])
-        pending = self._plans.get(group)
-        if pending is not None and payload in pending[1]:
-            self.copied_bytes += self._fused.apply_copies(g, pending[0], payload)
-            pending[1].discard(payload)
-        return g.payload(payload)
-
-    def _finish_group(self, group):
-        plan, layers = self._plans.pop(group)
-        g = self.h.group(self.names[group])
-        for layer in sorted(layers):
-            self.copied_bytes += self._fused.apply_copies(g, plan, layer)
-        g.readers_finished(plan.epoch)
-        release_staging(g)
-
-
 class GpuEngine(Engine):
     def __init__(self, config: EngineConfig, shared: Shared, fused: bool = False) -> None:
         model = FastDSAModel(config.model, shared.weights, slots=config.max_requests,
@@ -100,8 +60,8 @@ class GpuEngine(Engine):
         super().__init__(config, provider=provider, model=model)
         self.shared = shared
         self.fused = fused and on_gpu
-        if self.fused:
-            self.kv = FusedHierarchyKV(self.hierarchy, config.model.groups)
+        # on CUDA the fused kernels unless the caller's kernel gate said no
+        self.kv = HierarchyKV(self.hierarchy, config.model.groups, fused=self.fused)
         if self.drafter is not None:
             propose = self.drafter.propose
 
