@@ -14,6 +14,10 @@ distribution ``q``. A round for a request whose anchor sits at position ``n``:
 3. after verification the engine calls ``rollback(slot, n')``: a pointer move.
 
 Every per-row and per-position stage is batch-invariant in the model's invariant mode.
+Outside it (``batch_invariant=False``) ``_feed`` takes the vectorized path of
+``fast_draft.feed_batched`` (one window gather and one batched attention per layer for
+all positions of all requests), equal to the per-position reference up to rounding;
+``Drafter.vectorized = False`` forces the reference.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from services.common.errors import InvalidArgument
 from services.decode.model.model import DSAModel
 from services.decode.model.ops import attend, mlp, rms_norm, rowwise
 from services.decode.spec.acceptance import sample_from
+from services.decode.spec.fast_draft import feed_batched
 from services.decode.spec.ring import DraftRing
 
 MODES = ("fixed", "confidence")
@@ -64,11 +69,14 @@ class Proposal:
 
 
 class Drafter:
-    def __init__(self, model: DSAModel, cfg: DrafterConfig, slots: int) -> None:
+    def __init__(self, model: DSAModel, cfg: DrafterConfig, slots: int,
+                 vectorized: bool = True) -> None:
+        """``vectorized``: use ``feed_batched`` when the model is not batch-invariant
+        (in batch-invariant mode the per-position reference always runs)."""
         if cfg.layers > model.cfg.layers:
             raise InvalidArgument(f"layers={cfg.layers} must be <= target "
                                   f"layers={model.cfg.layers}")
-        self.model, self.cfg = model, cfg
+        self.model, self.cfg, self.vectorized = model, cfg, vectorized
         mc = model.cfg
         self.rings = [DraftRing(slots, cfg.window, cfg.page, cfg.k_max, (mc.latent_dim,),
                                 mc.torch_dtype, mc.device) for _ in range(cfg.layers)]
@@ -95,6 +103,8 @@ class Drafter:
         of positions ``start .. start+c-1``; returns logits ``[len(items), V]`` of each
         item's last position."""
         mc, inv = self.model.cfg, self.model.cfg.batch_invariant
+        if self.vectorized and not inv:
+            return feed_batched(self.model, self.rings, items)
         w = self.model.w
         slot = [s for s, _, t in items for _ in range(t.shape[0])]
         pos = [a + i for _, a, t in items for i in range(t.shape[0])]
@@ -118,29 +128,31 @@ class Drafter:
         return rowwise(lambda r: rms_norm(r, w.final_norm) @ w.lm_head, h[ends], inv)
 
     def _catch_up(self, slots: Sequence[int], histories: Sequence[torch.Tensor]):
-        """Feed each request up to its anchor; returns draft logits after it ``[B, V]``."""
+        """Feed each request up to its anchor; returns draft logits after it ``[B, V]``.
+        Every request's pending positions go through one ``_feed`` per ring chunk
+        (``R_d − W`` positions): one call in the common case, whatever the gaps."""
         span = self.cfg.layers * (self.cfg.window - 1)
-        starts = []
+        starts, stops = [], []
         for s, hist in zip(slots, histories, strict=True):
-            n = int(hist.shape[0]) - 1
-            if n < self.frontier(s):
+            n, f = int(hist.shape[0]) - 1, self.frontier(s)
+            if n < f:
                 raise InvalidArgument(f"history of slot {s} (anchor at {n}) is behind the "
-                                      f"drafter frontier={self.frontier(s)}; roll back first")
-            if n - span > self.frontier(s):  # too far behind: restart near the anchor
+                                      f"drafter frontier={f}; roll back first")
+            if n - span > f:  # too far behind: restart near the anchor
                 for r in self.rings:
                     r.reset(s, n - span)
-            starts.append(self.frontier(s))
+                f = n - span
+            starts.append(f)
+            stops.append(n + 1)
         last: list[torch.Tensor | None] = [None] * len(slots)
         while True:
-            todo = [(b, s, a, histories[b][a: min(a + self.chunk, histories[b].shape[0])])
-                    for b, (s, a) in enumerate(zip(slots, starts, strict=True))
-                    if a < histories[b].shape[0]]
+            todo = [(b, a, min(a + self.chunk, e))
+                    for b, (a, e) in enumerate(zip(starts, stops, strict=True)) if a < e]
             if not todo:
                 return torch.stack(last)
-            logits = self._feed([(s, a, t) for _, s, a, t in todo])
-            for (b, _, a, t), lg in zip(todo, logits, strict=True):
-                starts[b] = a + t.shape[0]
-                last[b] = lg
+            logits = self._feed([(slots[b], a, histories[b][a: e]) for b, a, e in todo])
+            for (b, _, e), lg in zip(todo, logits, strict=True):
+                starts[b], last[b] = e, lg
 
     def propose(self, slots: Sequence[int], histories: Sequence[torch.Tensor],
                 max_queries: Sequence[int] | None = None,
@@ -158,21 +170,28 @@ class Drafter:
         tokens = torch.zeros(B, K, dtype=torch.int64, device=dev)
         probs = torch.zeros(B, K - 1, V, dtype=torch.float32, device=dev)
         kr = [1] * B
-        for b, hist in enumerate(histories):
-            tokens[b, 0] = hist[-1]
+        tokens[:, 0] = torch.stack([hist[-1] for hist in histories])
         logits = self._catch_up(slots, histories)
         active = list(range(B))
         for j in range(1, K):
             p = torch.softmax(logits.float(), dim=-1)
-            nxt = []
+            # one host read per step (not one per request): max / first argmax per row
+            conf = p.amax(-1).tolist() if self.cfg.mode == "confidence" else None
+            best = p.argmax(-1).tolist() if self.cfg.greedy else None
+            rows, nxt, toks = [], [], []
             for i, b in enumerate(active):
-                if kr[b] >= caps[b] or (self.cfg.mode == "confidence"
-                                        and float(p[i].max()) < self.cfg.threshold):
+                if kr[b] >= caps[b] or (conf is not None and conf[i] < self.cfg.threshold):
                     continue
-                tok = (int(p[i].argmax()) if self.cfg.greedy else
+                tok = (best[i] if best is not None else
                        int(sample_from(p[i: i + 1], torch.rand(1, generator=generators[b]))))
-                tokens[b, j], probs[b, j - 1], kr[b] = tok, p[i], j + 1
+                rows.append(i)
                 nxt.append(b)
+                toks.append(tok)
+                kr[b] = j + 1
+            if nxt:
+                picked = torch.tensor(nxt, device=dev)
+                tokens[picked, j] = torch.tensor(toks, dtype=torch.int64, device=dev)
+                probs[picked, j - 1] = p[torch.tensor(rows, device=dev)]
             active = [b for b in nxt if kr[b] < caps[b]]
             if not active:
                 break
