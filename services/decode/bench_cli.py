@@ -84,6 +84,20 @@ def _coerce(fields: dict[str, object]) -> dict[str, object]:
     return out
 
 
+_OUTPUTS = {"json_path": "--json", "plot": "--plot", "dump_tokens": "--dump-tokens"}
+
+
+def _settings(command: str, cls: type, flags: dict[str, object]):
+    """Threads, output paths and settings from a command's flags; one-line error, exit 2."""
+    try:
+        _setup(_coerce({"threads": flags.pop("threads")})["threads"])  # type: ignore[arg-type]
+        for name, flag in _OUTPUTS.items():
+            _check_out(flag, flags.pop(name))  # type: ignore[arg-type]
+        return cls(**_coerce(flags)).validate()
+    except InvalidArgument as exc:
+        raise _fail(command, str(exc)) from None
+
+
 def serve_command(
     policy: str = _opt(S.policy, "--policy", "One policy or a comma list."),
     concurrency: str = _opt(S.concurrency, "--concurrency",
@@ -124,16 +138,7 @@ def serve_command(
         return serve_h200(out=out, budget_s=480.0, fused=device == "cuda",
                           output_len=int(output_len), concurrency=concurrency,
                           hot_cache_sweep=True)
-    outputs = {"--json": json_path, "--plot": plot, "--dump-tokens": dump_tokens}
-    fields = {k: v for k, v in locals().items() if k not in ("threads", "outputs", "json_path",
-                                                             "plot", "dump_tokens")}
-    try:
-        _setup(_coerce({"threads": threads})["threads"])  # type: ignore[arg-type]
-        for flag, path in outputs.items():
-            _check_out(flag, path)
-        settings = BenchSettings(**_coerce(fields)).validate()
-    except InvalidArgument as exc:
-        raise _fail("serve", str(exc)) from None
+    settings = _settings("serve", BenchSettings, dict(locals()))
     from services.decode.bench.serve import run_serve
 
     head = report.header("serve", settings)
@@ -193,16 +198,7 @@ def load_step_command(
         out = str(Path(json_path).parent) if json_path else "."
         return load_step_h200(out=out, budget_s=300.0, fused=device == "cuda",
                               output_len=int(output_len))
-    outputs = {"--json": json_path, "--plot": plot, "--dump-tokens": dump_tokens}
-    fields = {k: v for k, v in locals().items() if k not in ("threads", "outputs", "json_path",
-                                                             "plot", "dump_tokens")}
-    try:
-        _setup(_coerce({"threads": threads})["threads"])  # type: ignore[arg-type]
-        for flag, path in outputs.items():
-            _check_out(flag, path)
-        settings = LoadStepSettings(**_coerce(fields)).validate()
-    except InvalidArgument as exc:
-        raise _fail("load-step", str(exc)) from None
+    settings = _settings("load-step", LoadStepSettings, dict(locals()))
     from services.decode.bench.loadstep import run_load_step
 
     head = report.header("load-step", settings)
