@@ -1,0 +1,98 @@
+"""Resolver benchmark setup: the page-locked host pool and the hot caches of the requests.
+
+Host rows: one page-locked, mapped pool; request r's history is rows [r*S, (r+1)*S) of it.
+``State`` holds P requests' hot caches and tables, and picks each call's selection (resident
+rows plus a window of never-read rows).
+"""
+
+from __future__ import annotations
+
+import torch
+
+PROFILES = {"hit100": 0.0, "miss2": 0.02, "miss20": 0.20, "cold": 1.0}
+PAGE_ROWS, TAIL_ROWS, STAGING_ROWS = 64, 72, 4096
+
+
+def alloc_host(nbytes: int) -> tuple[torch.Tensor, str]:
+    """Page-locked, mapped host pool (cudaHostRegister, like the kvstore's segments)."""
+    t = torch.empty(nbytes, dtype=torch.uint8)
+    rc = int(
+        torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 2)
+    )  # cudaHostRegisterMapped
+    if rc == 0:
+        return t, "cudaHostRegister(Mapped)"
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), f"pin_memory (register rc={rc})"
+
+
+def fill_random(host: torch.Tensor, dev: torch.device, chunk: int = 1 << 30) -> None:
+    g = torch.empty(min(chunk, host.numel()), dtype=torch.uint8, device=dev)
+    for off in range(0, host.numel(), chunk):
+        n = min(chunk, host.numel() - off)
+        g[:n].random_()
+        host[off : off + n].copy_(g[:n])
+    torch.cuda.synchronize()
+
+
+class State:
+    """Hot caches of P requests (one tensor per field, a row per request) and their tables."""
+
+    def __init__(self, P: int, S: int, B: int, dev: torch.device) -> None:
+        self.P, self.S, self.B = P, S, B
+        self.tail_lo = (S - 1) // PAGE_ROWS * PAGE_ROWS  # rows below it go through steps 2-3
+        order = torch.rand(P, self.tail_lo, device=dev).argsort(1)
+        self.res, self.nonres = order[:, :B].contiguous(), order[:, B:].contiguous()
+        self.cold_order = order  # cold: any row, call i takes window i
+        self.hot_pick = torch.rand(P, B, device=dev).argsort(1)
+        i64 = dict(dtype=torch.int64, device=dev)
+        self.hot_rows = torch.empty(P, B, **i64)
+        self.stamp = torch.empty(P, B, **i64)
+        self.protect = torch.zeros(P, B, **i64)
+        self.hot_locs = torch.arange(P * B, **i64).view(P, B)
+        self.tail_locs = torch.arange(P * B, P * B + P * TAIL_ROWS, **i64).view(P, TAIL_ROWS)
+        pages = -(-S // PAGE_ROWS)
+        self.page_map = torch.full((P, pages), -1, **i64)
+        self.page_ready = torch.zeros(P, pages, dtype=torch.bool, device=dev)
+        self.stamp0 = torch.arange(1, B + 1, **i64).repeat(P, 1)  # LRU order = slot order
+        self.stage_locs = torch.arange(
+            P * B + P * TAIL_ROWS, P * B + P * TAIL_ROWS + STAGING_ROWS, **i64
+        )
+        self.pool_rows = P * B + P * TAIL_ROWS + STAGING_ROWS
+
+    def table(self, bs: int) -> torch.Tensor:
+        rows = [
+            [
+                t[r].data_ptr()
+                for t in (
+                    self.hot_rows,
+                    self.stamp,
+                    self.protect,
+                    self.hot_locs,
+                    self.tail_locs,
+                    self.page_map,
+                    self.page_ready,
+                )
+            ]
+            + [self.tail_lo, self.S]
+            for r in range(bs)
+        ]
+        return torch.tensor(rows, dtype=torch.int64, device=self.hot_rows.device)
+
+    def restore(self, cold: bool) -> None:
+        if cold:
+            self.hot_rows.fill_(-1)
+            self.stamp.zero_()
+        else:
+            self.hot_rows.copy_(self.res)
+            self.stamp.copy_(self.stamp0)
+        self.protect.zero_()
+
+    def selection(self, bs: int, K: int, k: int, m: int, i: int, cold: bool) -> torch.Tensor:
+        """[bs, K, k]: k - m resident rows + this call's window of m never-read rows (shuffled);
+        with K > 1 every query repeats query 0 (identical selections)."""
+        if cold:
+            sel = self.cold_order[:bs, i * k : (i + 1) * k]
+        else:
+            hits = self.res[:bs].gather(1, self.hot_pick[:bs, : k - m])
+            sel = torch.cat([hits, self.nonres[:bs, i * m : (i + 1) * m]], 1)
+            sel = sel.gather(1, torch.rand(bs, k, device=sel.device).argsort(1))
+        return sel[:, None, :].expand(bs, K, k).contiguous()

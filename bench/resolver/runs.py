@@ -1,0 +1,180 @@
+"""The timed runs of the resolver benchmark: every (row size, top_k, batch, profile) case,
+K = 8 identical selections, and the lookup blocks-per-SM sweep."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+
+from bench.common import Flusher, h2d_memcpy_gbps, summarize, time_gpu, time_wall, write_json
+from bench.resolver.case import Case
+from bench.resolver.pool import PROFILES, State, alloc_host, fill_random
+from bench.resolver.report import fit_gbps, print_case
+
+
+def kres_select() -> str:
+    from kernels.resolver import default_select
+
+    return default_select()
+
+
+def run_ours(args: dict, rec: dict) -> None:
+    dev = torch.device("cuda")
+    items = [int(x) for x in args["items"].split(",")]
+    configs = [tuple(int(v) for v in c.split(":")) for c in args["configs"].split(",")]
+    batches = [int(x) for x in args["batches"].split(",")]
+    profiles = args["profiles"].split(",")
+    P, S = max(batches), args["seq_len"]
+    calls = 1 + args["warmup"] + args["reps"] + args["wall_reps"]
+    t0 = time.time()
+    host_raw, how = alloc_host(P * S * max(items))
+    fill_random(host_raw, dev)
+    rec["setup"].update(
+        host_alloc=how, host_pool_bytes=host_raw.numel(), host_prepare_s=round(time.time() - t0, 1)
+    )
+    rec["ceiling"] = {"h2d_pinned_1GiB_GBps": h2d_memcpy_gbps(dev)}
+    h2d = rec["ceiling"]["h2d_pinned_1GiB_GBps"]
+    print(
+        f"host pool {host_raw.numel() / 1e9:.1f} GB ({how}) in {time.time() - t0:.0f}s; "
+        f"memcpy {h2d:.1f} GB/s",
+        flush=True,
+    )
+    flush = Flusher(dev)
+    states = {B: State(P, S, B, dev) for B in sorted({b for _, b in configs})}
+    for item in items:
+        host = host_raw[: P * S * item]
+        pool = torch.empty(
+            max(st.pool_rows for st in states.values()), item, dtype=torch.uint8, device=dev
+        )
+        for k, B in configs:
+            st = states[B]
+            for bs in batches:
+                for prof in profiles:
+                    cold = prof == "cold"
+                    m = k if cold else round(PROFILES[prof] * k)
+                    if (k * calls > st.tail_lo) if cold else (m * calls > st.nonres.shape[1]):
+                        continue  # not enough never-read rows for every call
+                    case = Case(st, host, pool, item, bs, 1, k, m, cold)
+                    r = {
+                        "item_bytes": item,
+                        "top_k": k,
+                        "hot_buffer": B,
+                        "batch": bs,
+                        "profile": prof,
+                        "K": 1,
+                        "unique_miss_rows": m * bs,
+                        "miss_bytes": m * bs * item,
+                    }
+                    r["check"] = case.check(0)
+                    ts = time_gpu(
+                        case.call, args["reps"], args["warmup"], before=case.before, flush=flush
+                    )
+                    r["us"] = summarize(ts)
+                    us = r["us_per_call"] = r["us"]["median"]
+                    if m:
+                        r["GBps"] = r["miss_bytes"] / us / 1e3
+                        r["frac_of_h2d_memcpy"] = r["GBps"] / h2d
+                    first = 1 + args["warmup"] + args["reps"]
+                    r["wall_us_median"] = statistics.median(
+                        time_wall(
+                            case.call, range(first, first + args["wall_reps"]), case.before, flush
+                        )
+                    )
+                    rec["cases"].append(r)
+                    write_json(args["out"], rec)  # partial results survive a timeout
+                    print_case(r)
+                    del case
+        rec["fit"] = rec.get("fit", {})
+        pts = [
+            (c["miss_bytes"], c["us_per_call"])
+            for c in rec["cases"]
+            if c["item_bytes"] == item and c["profile"] in ("miss20", "cold")
+        ]
+        rec["fit"][str(item)] = fit_gbps(pts)
+        if item == items[0]:
+            run_k8(args, rec, states[configs[0][1]], host, pool, item, configs[0][0], flush)
+            if args["blocks_sweep"]:
+                run_blocks_sweep(args, rec, states[configs[0][1]], host, pool, item, configs[0][0])
+        del pool
+    torch.cuda.cudart().cudaHostUnregister(host_raw.data_ptr()) if how.startswith(
+        "cudaHost"
+    ) else None
+    del host_raw
+
+
+def run_k8(args: dict, rec: dict, st: State, host, pool, item: int, k: int, flush) -> None:
+    """K = 8 identical selections vs K = 1 (cold, batch 32): one copy per distinct row."""
+    bs = min(32, st.P)
+    out = {}
+    for K in (1, 8):
+        case = Case(st, host, pool, item, bs, K, k, k, True)
+        chk = case.check(0)
+        ts = time_gpu(case.call, args["reps"], args["warmup"], before=case.before, flush=flush)
+        out[f"K{K}"] = {"us": summarize(ts), "copies": chk["copies"], "check": chk}
+    rec["k8_identical"] = {
+        "item_bytes": item,
+        "top_k": k,
+        "batch": bs,
+        **out,
+        "ratio_K8_over_K1": out["K8"]["us"]["median"] / out["K1"]["us"]["median"],
+    }
+    print(
+        f"K=8 identical: {out['K8']['us']['median']:.1f} us ({out['K8']['copies']} copies) vs "
+        f"K=1 {out['K1']['us']['median']:.1f} us ({out['K1']['copies']} copies)",
+        flush=True,
+    )
+
+
+def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k: int) -> None:
+    """Lookup with 1 and 2 blocks per SM (DHISPARSE_LOOKUP_BLOCKS) at batch 32 and 160, plus
+    launch 1 alone. Calls take windows after the main cases' (never read by them; batch 160
+    re-reads batch 32's rows of its first 32 requests)."""
+    flush = Flusher(pool.device)
+    calls = 1 + args["warmup"] + args["reps"] + args["wall_reps"]
+    out = []
+    for bs in (b for b in (32, 160) if b <= st.P):
+        for prof in ("hit100", "miss2", "miss20"):
+            m, off = round(PROFILES[prof] * k), calls
+            for blocks in ("1", "2"):
+                n = args["warmup"] + args["reps"]
+                if m * (off + 2 * n) > st.nonres.shape[1]:
+                    continue
+                os.environ["DHISPARSE_LOOKUP_BLOCKS"] = blocks
+                case = Case(st, host, pool, item, bs, 1, k, m, False)
+                ok = case.check(off)["ok"]
+                full = time_gpu(
+                    lambda i, o=off, c=case: c.call(i + o),
+                    args["reps"],
+                    args["warmup"],
+                    before=lambda i, o=off, c=case: c.before(i + o),
+                    flush=flush,
+                )
+                off += n + 1
+                look = time_gpu(
+                    lambda i, o=off, c=case: c.lookup(i + o),
+                    args["reps"],
+                    args["warmup"],
+                    before=lambda i, o=off, c=case: c.before(i + o),
+                    flush=flush,
+                )
+                off += n + 1
+                r = {
+                    "batch": bs,
+                    "profile": prof,
+                    "lookup_blocks_per_sm": int(blocks),
+                    "ok": ok,
+                    "us": statistics.median(full),
+                    "lookup_us": statistics.median(look),
+                }
+                out.append(r)
+                print(
+                    f"blocks/SM={blocks} bs={bs:3d} {prof:6s} us={r['us']:7.1f} "
+                    f"lookup_us={r['lookup_us']:7.1f} ok={ok}",
+                    flush=True,
+                )
+    os.environ.pop("DHISPARSE_LOOKUP_BLOCKS", None)
+    rec["lookup_blocks_sweep"] = {"item_bytes": item, "top_k": k, "cases": out}
+    del flush
