@@ -364,3 +364,26 @@ def defined_metrics(module: ModuleType) -> dict[str, Defined]:
 def defined_exposed(defined: dict[str, Defined]) -> dict[str, Defined]:
     """exposed series name -> its definition."""
     return {series: d for d in defined.values() for series in exposed_names(d.name, d.kind)}
+
+
+# ---------------------------------------------------------------- shared checks
+
+
+def scrape_targets() -> dict[str, set[tuple[str, int]]]:
+    """job -> {(host, port)} from static_configs and dns_sd_configs."""
+    out: dict[str, set[tuple[str, int]]] = {}
+    for job in prometheus()["scrape_configs"]:
+        targets = out.setdefault(job["job_name"], set())
+        for sc in job.get("static_configs", []):
+            targets |= {host_port(t) for t in sc["targets"]}
+        for dns in job.get("dns_sd_configs", []):
+            assert dns.get("type", "SRV") == "A", "A records + port for compose DNS"
+            targets |= {(n, int(dns["port"])) for n in dns["names"]}
+    return out
+
+
+def assert_env_is_flag(origin: str, var: str, sub: str) -> None:
+    if not var.startswith("DHISPARSE_"):
+        return
+    flag = "--" + var.removeprefix("DHISPARSE_").lower().replace("_", "-")
+    assert flag in KNOWN_FLAGS[sub], f"{origin}: {var} is not the env form of a {sub} flag"
