@@ -70,6 +70,7 @@ class ResidencyCore:
         self._next_command = command_id_base
         self._next_ticket = 1
         self._next_seq = 0
+        self._waiting_before = False   # admissions were waiting after the last schedule
         limit = self.config.trace_limit or None
         self.trace: deque[TraceEvent] = deque(maxlen=limit if limit else 0)
         self.reclaim_log: deque[ReclaimDecision] = deque(maxlen=limit if limit else 0)
@@ -179,7 +180,7 @@ class ResidencyCore:
         self._next_ticket += 1
         self._queue.append(ticket)
         self._waiting[spec.request_id] = ticket
-        self._schedule()
+        self._schedule(touched="")   # only a worker that grants it changes
         return ticket
 
     def _check_admissible(self, spec: AdmitSpec) -> None:
@@ -225,7 +226,7 @@ class ResidencyCore:
         e = self.request(request_id)
         w = self._workers[e.worker_id]
         self._forget(w, request_id, "release")
-        self._schedule()
+        self._schedule(w.worker_id)
         return e.required + e.allocated
 
     # -- commands ------------------------------------------------------------------------
@@ -266,7 +267,7 @@ class ResidencyCore:
             e.retire_pages = 0
         else:
             e.retire_pages = 0   # a failed Backup/Retire aborts that reclaim
-        self._schedule()
+        self._schedule(w.worker_id)
         return cmd
 
     # -- internals -----------------------------------------------------------------------
@@ -313,15 +314,29 @@ class ResidencyCore:
                                          cmd.command_id if cmd else 0,
                                          cmd.pages if cmd else 0, e.fully_backed, ok))
 
-    def _schedule(self) -> None:
+    def _schedule(self, touched: str | None = None) -> None:
+        """Serve the FIFO head(s), trim (elastic), then repopulate when nothing waits.
+
+        Populate only needs to look at the worker whose ledger the event changed
+        (``touched``; ``""``: none — a grant never leaves a worker with both free pages
+        and unpopulated history, it keeps ``min(history, free − required)``) — unless
+        admissions were waiting before this event (populate was held back everywhere) or
+        the caller does not say (``None``: every worker)."""
+        held_back = self._waiting_before
         while self._queue and self._try_serve(self._queue[0]):
             pass
         if self.config.policy is PolicyKind.ELASTIC:
             for w in self._workers.values():
                 self._trim(w, w.required)
-        if not self._queue:
-            for w in self._workers.values():
-                self._populate(w)
+        self._waiting_before = bool(self._queue)
+        if self._queue:
+            return
+        if held_back or touched is None:
+            targets = list(self._workers.values())
+        else:
+            targets = [self._workers[touched]] if touched in self._workers else []
+        for w in targets:
+            self._populate(w)
 
     def _try_serve(self, t: Ticket) -> bool:
         spec = t.spec
