@@ -32,7 +32,7 @@ from services.decode.engine.kv_adapter import HierarchyKV
 from services.decode.engine.request import GenerateSpec, Phase, RequestRun
 from services.decode.engine.stats import EngineStats
 from services.decode.hierarchy import Hierarchy, InProcessBackingProvider, backup, commit_rows
-from services.decode.hierarchy import coverage as group_coverage
+from services.decode.hierarchy.pages import device_ints
 from services.decode.model.model import DSAModel, Prefix
 from services.decode.spec.acceptance import greedy_accept, sample_from, speculative_accept
 from services.decode.spec.drafter import Drafter, DrafterConfig
@@ -170,8 +170,19 @@ class Engine:
         return ring, staging
 
     def coverage(self) -> float:
-        groups = self.hierarchy.groups.values()
-        return sum(group_coverage(g) for g in groups) / len(self.hierarchy.groups)
+        """Mean over groups of ``hierarchy.coverage`` (same value), with one device→host
+        read in all instead of one per request and group."""
+        groups = list(self.hierarchy.groups.values())
+        parts = [[s.page_ready[: s.eligible_pages] for s in g.requests.values()]
+                 for g in groups]
+        sums = [torch.cat(p).sum() for p in parts if p]
+        ready = iter(torch.stack(sums).tolist() if sums else [])
+        total = 0.0
+        for g, p in zip(groups, parts, strict=True):
+            eligible = sum(s.eligible_pages for s in g.requests.values())
+            r = next(ready) if p else 0
+            total += r / eligible if eligible else 1.0
+        return total / len(groups)
 
     # -- admission --------------------------------------------------------------------------
     def _prefix_of(self, run: RequestRun) -> Prefix:
@@ -245,18 +256,23 @@ class Engine:
                 self.stats.command(cmd.kind.value, pages)
                 self.admission.ack(cmd, ok=True)
 
-    def _emit(self, run: RequestRun, tokens: list[int]) -> None:
+    def _emit(self, run: RequestRun, tokens: list[int], write_buf: bool = True) -> list[int]:
+        """Emit ``tokens`` (capped at the request's remaining budget); returns what was
+        emitted. ``write_buf=False``: the caller writes ``_token_buf`` itself (``_round``
+        writes a whole batch's tokens with one copy)."""
         tokens = tokens[: run.remaining]
         now = self.clock()
         start = len(run.tokens)
-        self._token_buf[run.slot, start: start + len(tokens)] = torch.tensor(
-            tokens, dtype=torch.int64, device=self.config.device)
+        if write_buf:
+            self._token_buf[run.slot, start: start + len(tokens)] = torch.tensor(
+                tokens, dtype=torch.int64, device=self.config.device)
         run.output.extend(tokens)
         run.tokens.extend(tokens)
         run.emit_times.extend([now] * len(tokens))
         self.stats.tokens(len(tokens))
         if run.on_tokens is not None and tokens:
             run.on_tokens(run, tokens, now)
+        return tokens
 
     def _finish(self, run: RequestRun) -> None:
         self.hierarchy.release(run.request_id)
@@ -275,8 +291,8 @@ class Engine:
     def _round(self, batch: list[RequestRun]) -> None:
         dev = self.config.device
         B = len(batch)
-        slots = torch.tensor([r.slot for r in batch], dtype=torch.int64, device=dev)
-        n = torch.tensor([r.committed for r in batch], dtype=torch.int64, device=dev)
+        slots = device_ints([r.slot for r in batch], dev)
+        n = device_ints([r.committed for r in batch], dev)
         if self.drafter is not None:
             caps = [max(1, min(self.config.k_max, r.spec.spec_block or self.config.k_max,
                                r.remaining)) for r in batch]
@@ -285,22 +301,34 @@ class Engine:
             proposal = self.drafter.propose([r.slot for r in batch], histories, caps, gens)
             tokens, nq = proposal.tokens, proposal.num_queries
         else:
-            tokens = torch.tensor([[r.tokens[r.committed]] for r in batch], dtype=torch.int64,
-                                  device=dev)
+            tokens = device_ints([[r.tokens[r.committed]] for r in batch], dev)
             nq = torch.ones(B, dtype=torch.int64, device=dev)
         t0 = self.clock()
-        self.kv.begin_round([r.request_id for r in batch], nq.tolist())
+        nq_host = nq.tolist() if self.drafter is not None else [1] * B
+        self.kv.begin_round([r.request_id for r in batch], nq_host, slots)
         logits = self.model.forward(tokens, n, nq, slots, self.kv, self.index)
         self.kv.finish_round()
         self.stats.resolver(self.kv.counts)
         accepted, bonus = self._accept(batch, tokens, nq, logits,
                                        proposal.probs if self.drafter is not None else None)
-        for b, run in enumerate(batch):
-            a = int(accepted[b])
+        # one device→host read for the whole batch: [accepted, bonus, tokens[1:]] per row
+        host = torch.cat([accepted.view(-1, 1).to(tokens.dtype), bonus.view(-1, 1).to(
+            tokens.dtype), tokens[:, 1:]], dim=1).tolist()
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[int] = []
+        for run, (a, bonus_b, *drafted), q in zip(batch, host, nq_host, strict=True):
             self._commit(run, run.committed + 1 + a)
-            self._emit(run, [int(t) for t in tokens[b, 1: a + 1].tolist()] + [int(bonus[b])])
+            start = len(run.tokens)
+            emitted = self._emit(run, [*drafted[:a], bonus_b], write_buf=False)
+            rows.extend([run.slot] * len(emitted))
+            cols.extend(range(start, start + len(emitted)))
+            vals.extend(emitted)
             run.rounds += 1
-            self.stats.round(a + 1, int(nq[b]))
+            self.stats.round(a + 1, q)
+        if vals:  # every emitted token of the round into the device history, one copy
+            idx = device_ints([rows, cols, vals], dev)
+            self._token_buf[idx[0], idx[1]] = idx[2]
         self.stats.step_time(self.clock() - t0)
 
     def _accept(self, batch, tokens, nq, logits, draft_probs):

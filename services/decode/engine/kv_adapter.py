@@ -25,6 +25,7 @@ from services.common.errors import InvalidArgument
 from services.decode.hierarchy import Hierarchy, SelectionCounts, open_rows
 from services.decode.hierarchy import apply_copies as ref_apply_copies
 from services.decode.hierarchy import resolve as ref_resolve
+from services.decode.hierarchy.pages import device_ints, open_rows_batch
 from services.decode.hierarchy.resolver import ResolvePlan
 from services.decode.hierarchy.staging import release_staging
 
@@ -49,16 +50,31 @@ class HierarchyKV:
         self._opened: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
         self._round: list[torch.Tensor] | None = None  # per group: tail rows of the round
         self._plans: dict[int, tuple[ResolvePlan, set[int]]] = {}
+        # the round's batch as the engine passed it: resolve(slots=that tensor) maps slots
+        # to request ids and opened rows without reading the slots back from the device
+        self._round_slots: torch.Tensor | None = None
+        self._round_ids: list[str] = []
+        self._round_opened: dict[int, torch.Tensor] = {}  # group → tail_hi per request
 
-    def begin_round(self, request_ids: list[str], counts: list[int]) -> None:
+    def begin_round(self, request_ids: list[str], counts: list[int],
+                    slots: torch.Tensor | None = None) -> None:
         """Open this round's tail rows of every request in every group up front, in the
         model's query order (request-major), so ``write_tail`` / ``tail_rows`` of the
-        round's own rows are one indexed copy each instead of a loop over requests."""
+        round's own rows are one indexed copy each instead of a loop over requests.
+        ``slots``: the slot tensor the model's ``resolve`` calls will pass (the engine's
+        batch, in ``request_ids`` order)."""
         self._round = []
-        for name in self.names:
+        opened: dict[tuple[int, ...], torch.Tensor] = {}
+        for group, name in enumerate(self.names):
             g = self.h.group(name)
-            locs = [open_rows(g, rid, c) for rid, c in zip(request_ids, counts, strict=True)]
-            self._round.append(torch.cat(locs))
+            self._round.append(open_rows_batch(g, request_ids, counts))
+            if slots is not None:
+                his = tuple(g.request(r).tail_hi for r in request_ids)
+                if his not in opened:  # usually one copy per round: groups open alike
+                    opened[his] = device_ints(his, g.device)
+                self._round_opened[group] = opened[his]
+        if slots is not None:
+            self._round_slots, self._round_ids = slots, list(request_ids)
 
     # -- KVAccess ----------------------------------------------------------------------------
     def write_tail(self, group: int, payload: int, slots: torch.Tensor,
@@ -90,9 +106,12 @@ class HierarchyKV:
         for earlier in [e for e in self._plans if e != group]:
             self._finish_group(earlier)
         g = self.h.group(self.names[group])
-        rids = [self.request_of[int(s)] for s in slots.tolist()]
-        opened = torch.tensor([g.request(r).tail_hi for r in rids], dtype=torch.int64,
-                              device=bounds.device)
+        if slots is self._round_slots and group in self._round_opened:
+            rids, opened = self._round_ids, self._round_opened[group].to(bounds.device)
+        else:
+            rids = [self.request_of[int(s)] for s in slots.tolist()]
+            opened = torch.tensor([g.request(r).tail_hi for r in rids], dtype=torch.int64,
+                                  device=bounds.device)
         visible = torch.minimum(bounds, opened.view(-1, 1))  # padding queries see no more
         plan = self._resolve(g, rids, selections, visible)
         self.counts.add(plan.counts)
@@ -140,4 +159,5 @@ class HierarchyKV:
             self._finish_group(group)
         self._opened.clear()
         self._round = None
+        self._round_slots, self._round_ids, self._round_opened = None, [], {}
         self.h.readers_finished()

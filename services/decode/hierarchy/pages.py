@@ -189,6 +189,53 @@ def open_rows(group: SourceGroup, request_id: str, count: int) -> torch.Tensor:
     return state.tail_locs[rows % state.tail_locs.numel()]
 
 
+def device_ints(values: Sequence[int] | Sequence[Sequence[int]],
+                device: torch.device | str) -> torch.Tensor:
+    """``int64`` tensor of host ints on ``device``; on CUDA through pinned memory with a
+    non-blocking copy, so building it does not wait for the device's queue."""
+    t = torch.tensor(values, dtype=torch.int64)
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def open_rows_batch(group: SourceGroup, request_ids: Sequence[str],
+                    counts: Sequence[int]) -> torch.Tensor:
+    """``open_rows`` of several requests at once: validates every request first (nothing
+    changes on failure), then reserves each one's rows; returns their pool rows
+    ``int64 [sum(counts)]`` request-major (the concatenation of ``open_rows`` results)."""
+    states = [group.request(rid) for rid in request_ids]
+    if len(set(request_ids)) != len(states):
+        raise InvalidArgument(f"request_ids={list(request_ids)!r} must be distinct")
+    if len(counts) != len(states):
+        raise InvalidArgument(f"counts has {len(counts)} entries for {len(states)} requests")
+    ring = group.config.tail_rows
+    index: list[int] = []
+    offset = 0  # of each request's ring in the concatenation of the rings
+    for state, count in zip(states, counts, strict=True):
+        _count("count", count, 1)
+        stop = state.tail_hi + count
+        if stop > state.max_rows:
+            raise InvalidArgument(
+                f"count={count} opens rows up to {stop} > max_rows={state.max_rows} "
+                f"of request_id={state.request_id!r}"
+            )
+        if stop - state.tail_lo > ring:
+            raise ResourceExhausted(
+                f"count={count} overflows the tail: rows [{state.tail_lo}, {stop}) > "
+                f"tail_rows={ring}; back up completed pages first"
+            )
+        size = state.tail_locs.numel()
+        index.extend(offset + r % size for r in range(state.tail_hi, stop))
+        offset += size
+    for state, count in zip(states, counts, strict=True):
+        state.tail_hi += count
+    if not states:
+        return torch.empty(0, dtype=torch.int64, device=group.device)
+    rings = torch.cat([s.tail_locs for s in states])
+    return rings[device_ints(index, group.device)]
+
+
 def commit_rows(group: SourceGroup, request_id: str, committed: int) -> int:
     """Commit rows ``< committed`` and drop opened rows beyond it. Returns rows committed."""
     state, p = group.request(request_id), group.config.page_rows
@@ -219,11 +266,14 @@ def backup(group: SourceGroup, request_id: str, max_pages: int | None = None) ->
     if not group.config.offloads:
         raise FailedPrecondition("policy='resident' has no host backing to back up to")
     budget = None if max_pages is None else _count("max_pages", max_pages, 1)
-    backed = group.backed_mask(state)
     tail_pages = list(range(state.tail_lo // p, state.committed // p))
-    opt_pages = [
-        g for g in state.optional_logical_pages() if not bool(backed[g * p : g * p + p].all())
-    ]
+    opt_pages = []
+    if budget is None or len(tail_pages) < budget:  # tail pages alone may fill the budget
+        backed = group.backed_mask(state)
+        opt_pages = [
+            g for g in state.optional_logical_pages()
+            if not bool(backed[g * p : g * p + p].all())
+        ]
     done = 0
     for g in (tail_pages + opt_pages)[:budget]:
         rows = torch.arange(g * p, g * p + p, device=group.device)
