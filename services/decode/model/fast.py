@@ -36,7 +36,7 @@ from services.decode.model.codec import FP8, decode_rows, encode_keys, encode_ro
 from services.decode.model.config import ModelConfig
 from services.decode.model.index_state import IndexState
 from services.decode.model.kv import KVAccess
-from services.decode.model.model import DSAModel, Prefix
+from services.decode.model.model import DSAModel, Prefix, _Flat
 from services.decode.model.ops import mlp, rms_norm
 from services.decode.model.weights import IndexerWeights, LayerWeights, Weights
 
@@ -144,12 +144,11 @@ class FastDSAModel(DSAModel):
                 num_queries: torch.Tensor, slots: torch.Tensor, kv: KVAccess,
                 index: IndexState) -> torch.Tensor:
         """Same contract as ``DSAModel.forward`` (logits ``[B, K, V]``, zeros at padding)."""
-        f = self._flatten(tokens, n_committed, num_queries, slots)
+        f, host = self._flatten_host(tokens, n_committed, num_queries, slots)
         cfg = self.cfg
         B, K = tokens.shape
         bounds = n_committed.view(-1, 1) + torch.arange(K, device=tokens.device)
         valid = torch.arange(K, device=tokens.device) < num_queries.view(-1, 1)
-        host = _HostView(f, n_committed, num_queries)
         h = self.w.embed[tokens[f.b, f.j]]
         for g in range(cfg.groups):
             rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -178,6 +177,41 @@ class FastDSAModel(DSAModel):
         out = torch.zeros(B, K, cfg.vocab, dtype=logits.dtype, device=logits.device)
         out[f.b, f.j] = logits
         return out
+
+    def _flatten_host(self, tokens: torch.Tensor, n_committed: torch.Tensor,
+                      num_queries: torch.Tensor, slots: torch.Tensor) -> tuple[_Flat, _HostView]:
+        """``DSAModel._flatten`` (same checks, same errors, same ``_Flat``) and the round's
+        host view from ONE device→host read: query counts, committed rows, slots and the
+        three validity flags; the flat query indices go back with one copy."""
+        if tokens.dim() != 2:
+            raise InvalidArgument(f"tokens.dim()={tokens.dim()} must be 2 ([B, K])")
+        B, K = tokens.shape
+        for name, t in (("n_committed", n_committed), ("num_queries", num_queries),
+                        ("slots", slots)):
+            if tuple(t.shape) != (B,):
+                raise InvalidArgument(f"{name}.shape={tuple(t.shape)} must be ({B},)")
+        valid = torch.arange(K, device=tokens.device) < num_queries.view(-1, 1)
+        flags = torch.stack([((num_queries < 1) | (num_queries > K)).any(),
+                             (n_committed < 0).any(),
+                             (((tokens < 0) | (tokens >= self.cfg.vocab)) & valid).any()])
+        read = torch.cat([num_queries.long(), n_committed.long(), slots.long(),
+                          flags.long()]).tolist()
+        nq, n, slot = read[:B], read[B: 2 * B], read[2 * B: 3 * B]
+        bad_nq, bad_n, bad_tokens = read[3 * B:]
+        if bad_nq:
+            raise InvalidArgument(f"num_queries={nq} must be in 1..{K}")
+        if bad_n:
+            raise InvalidArgument(f"n_committed={n} must be >= 0")
+        if bad_tokens:
+            raise InvalidArgument(f"tokens must be in 0..{self.cfg.vocab - 1}")
+        b_h = [b for b in range(B) for _ in range(nq[b])]
+        j_h = [j for b in range(B) for j in range(nq[b])]
+        bj = _device_ints([b_h, j_h], tokens.device)
+        b, j = bj[0], bj[1]
+        f = _Flat(b, j, slots[b], n_committed[b] + j)
+        host = _HostView(b_h, [slot[bi] for bi in b_h],
+                         [n[bi] + ji for bi, ji in zip(b_h, j_h, strict=True)], slots)
+        return f, host
 
     def _layer(self, lw: LayerWeights, h: torch.Tensor, x: torch.Tensor,
                rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -230,10 +264,10 @@ class FastDSAModel(DSAModel):
 class _HostView:
     """Host-side facts of a round (one device→host read): slots, first/last position."""
 
-    def __init__(self, f, n_committed: torch.Tensor, num_queries: torch.Tensor) -> None:
-        b = f.b.tolist()
-        pos = f.pos.tolist()
-        slot = f.slot.tolist()
+    def __init__(self, b: list[int], slot: list[int], pos: list[int],
+                 slots: torch.Tensor) -> None:
+        """``b``/``slot``/``pos`` per valid query (b-major, every request has one);
+        ``slots`` the round's slot tensor (its order is the requests' order)."""
         self.start: dict[int, int] = {}
         self.stop: dict[int, int] = {}
         order: list[int] = []
@@ -244,8 +278,16 @@ class _HostView:
             self.stop[bi] = t + 1
         self.slot_of = {bi: s for bi, s in zip(b, slot, strict=True)}
         self.slots = order
-        self.slots_t = torch.tensor(order, dtype=torch.int64, device=n_committed.device)
+        self.slots_t = slots  # every request has ≥ 1 query: order == slots, b-major
         self.key_stop = max(self.stop.values())
+
+
+def _device_ints(values: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Host ints → ``int64`` on ``device`` (pinned, non-blocking on CUDA: no wait)."""
+    t = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def _write_keys(index: IndexState, g: int, f, host: _HostView, keys: torch.Tensor) -> None:
