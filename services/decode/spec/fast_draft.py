@@ -34,25 +34,6 @@ from services.decode.model.ops import mlp, rms_norm
 from services.decode.spec.ring import DraftRing
 
 
-def _write_many(ring: DraftRing, slots: Sequence[int], starts: Sequence[int],
-                counts: Sequence[int], addr: torch.Tensor, rows: torch.Tensor) -> None:
-    """``DraftRing.write`` for several items at once: ``addr [N]`` are the ring rows of
-    every item's positions (item order), ``rows [N, ...]`` their values. Slots must be
-    distinct (the caller falls back to per-item writes otherwise)."""
-    limit = ring.rows_per_slot - ring.window
-    for s, a, c in zip(slots, starts, counts, strict=True):
-        f, _, b = ring.pointer_state(s)
-        if a < b or a > f:
-            raise InvalidArgument(f"start={a} must be in base={b}..frontier={f}")
-        if c > limit:
-            raise InvalidArgument(f"rows={c} must be <= R_d - W = {limit}")
-    ring.storage[addr] = rows
-    # pointer bookkeeping of DraftRing.write (frontier = start + c, high = max(high, ·))
-    for s, a, c in zip(slots, starts, counts, strict=True):
-        ring._frontier[s] = a + c
-        ring._high[s] = max(ring._high[s], a + c)
-
-
 def feed_batched(model: DSAModel, rings: Sequence[DraftRing],
                  items: Sequence[tuple[int, int, torch.Tensor]]) -> torch.Tensor:
     """``items``: (slot, start, tokens [c]) with ``start <= frontier``; writes the rows of
@@ -92,7 +73,7 @@ def feed_batched(model: DSAModel, rings: Sequence[DraftRing],
         c = x @ lw.wkv  # [N, D]
         q = (x @ lw.wq).view(-1, mc.heads, mc.latent_dim)  # [N, H, D]
         if distinct:
-            _write_many(ring, slots, starts, counts, write_addr, c)
+            ring.write_many(slots, starts, counts, write_addr, c)
         else:  # the same slot twice: sequential writes, later ones win (as the reference)
             off = 0
             for s, a, n in zip(slots, starts, counts, strict=True):

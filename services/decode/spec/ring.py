@@ -17,6 +17,8 @@ frontier never overwrites a row of the window ``[t − W + 1, t]`` it reads.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from services.common.errors import InvalidArgument
@@ -67,18 +69,37 @@ class DraftRing:
         ``start <= frontier`` (no gap) and ``c <= R_d − W`` (a chunk never evicts the
         window of its own first position). Sets ``frontier = start + c``.
         """
-        f = self.frontier(slot)
         c = int(rows.shape[0])
+        self._check_write(slot, start, c)
+        pos = torch.arange(start, start + c, device=self.storage.device)
+        self.storage[self.address(slot, pos)] = rows
+        self._advance(slot, start + c)
+
+    def write_many(self, slots: Sequence[int], starts: Sequence[int], counts: Sequence[int],
+                   addresses: torch.Tensor, rows: torch.Tensor) -> None:
+        """``write`` for several distinct slots in one indexed copy: ``addresses [N]`` are
+        the ring rows of every item's positions (item order), ``rows [N, ...]`` their
+        values. Every item is checked before anything is written."""
+        if len(set(slots)) != len(slots):
+            raise InvalidArgument(f"slots={list(slots)} must be distinct")
+        for slot, start, count in zip(slots, starts, counts, strict=True):
+            self._check_write(slot, start, count)
+        self.storage[addresses] = rows
+        for slot, start, count in zip(slots, starts, counts, strict=True):
+            self._advance(slot, start + count)
+
+    def _check_write(self, slot: int, start: int, count: int) -> None:
+        f = self.frontier(slot)
         if start < self._base[slot] or start > f:
             raise InvalidArgument(f"start={start} must be in base={self._base[slot]}.."
                                   f"frontier={f}")
-        if c > self.rows_per_slot - self.window:
-            raise InvalidArgument(f"rows={c} must be <= R_d - W = "
+        if count > self.rows_per_slot - self.window:
+            raise InvalidArgument(f"rows={count} must be <= R_d - W = "
                                   f"{self.rows_per_slot - self.window}")
-        pos = torch.arange(start, start + c, device=self.storage.device)
-        self.storage[self.address(slot, pos)] = rows
-        self._frontier[slot] = start + c
-        self._high[slot] = max(self._high[slot], start + c)
+
+    def _advance(self, slot: int, frontier: int) -> None:
+        self._frontier[slot] = frontier
+        self._high[slot] = max(self._high[slot], frontier)
 
     def read(self, slot: int, positions: torch.Tensor) -> torch.Tensor:
         """Rows of live ``positions int64 [n]`` → ``[n, *row_shape]`` (a copy)."""
