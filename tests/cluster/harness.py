@@ -103,9 +103,12 @@ def reference(prompts: list[list[int]], max_new: int, prefix: list[int] | None =
     from services.decode.engine.request import GenerateSpec
 
     torch.set_num_threads(1)
-    cfg = EngineConfig(policy="resident", preset=SETTINGS["preset"], kv_memory="4MiB",
+    longest = max((len(p) for p in prompts), default=0) + max_new + 1
+    context = max(256, -(-longest // 8) * 8)
+    cfg = EngineConfig(policy="resident", preset=SETTINGS["preset"],
+                       kv_memory=max(4 << 20, 2 * len(prompts) * context * 1024),
                        hot_cache=8, page_rows=8, max_requests=len(prompts) or 1,
-                       max_context=256, batch_invariant=True)
+                       max_context=context, batch_invariant=True)
     engine = Engine(cfg)
     outs: dict[str, list[int]] = {}
     for i, p in enumerate(prompts):

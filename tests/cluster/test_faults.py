@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 
 from tests.cluster import harness as h
@@ -118,3 +119,49 @@ def test_worker_kill9_others_serve_histories_expire_and_residency_drops_it(tmp_p
         target = cluster.plan.decode_targets[0]
         again = [h.generate(target, f"wk-after-{i}", p, 12) for i, p in enumerate(prompts[:3])]
         assert [r.tokens for r in again] == h.reference(prompts[:3], 12)
+
+
+def test_restarted_residency_rebuilds_its_ledger_from_live_requests(tmp_path) -> None:
+    """kill -9 of the controller while long requests decode: it is restarted, the workers
+    re-register with their live requests, and the new controller's ledger lists them
+    (soft state rebuilt from reports) before they finish; no token changes."""
+    prompts, max_new = [h.prompt(40 + i, 60 + 4 * i) for i in range(4)], 1200
+    with h.start(tmp_path, max_context=1300) as cluster:
+        sup = cluster.supervisor
+        targets = cluster.plan.decode_targets
+        tokens = [0] * len(prompts)
+        killed = threading.Event()
+
+        def on_token(i: int, n: int) -> None:
+            tokens[i] = n
+            if n >= 6 and not killed.is_set():
+                killed.set()
+                sup.kill("residency")
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            futs = [pool.submit(h.generate, targets[i % len(targets)], f"rb-{i}", p, max_new,
+                                on_token=lambda n, i=i: on_token(i, n))
+                    for i, p in enumerate(prompts)]
+            assert killed.wait(60), "no stream reached the kill point"
+
+            def rebuilt():
+                try:
+                    state = h.residency_state(cluster)
+                except grpc.RpcError:
+                    return None
+                live = [r for w in state.workers if w.alive for r in w.requests]
+                return state if len(live) == len(prompts) else None
+
+            state = h.wait_for(rebuilt, 30, "the restarted controller to list every live request")
+            assert sup.restarts("residency") == 1
+            assert not all(f.done() for f in futs), "requests finished before the rebuild"
+            assert min(tokens) < max_new
+            by_worker = {w.worker_id: len(w.requests) for w in state.workers}
+            assert by_worker == {"decode-0": 2, "decode-1": 2}
+            results = [f.result() for f in futs]
+        assert [r.error for r in results] == [None] * len(prompts)
+        assert [r.tokens for r in results] == h.reference(prompts, max_new)
+        done = h.wait_for(lambda: (s := h.residency_state(cluster)) and
+                          not any(w.requests for w in s.workers) and s, 20,
+                          "the rebuilt ledger to release the finished requests")
+        assert all(w.required_pages == 0 for w in done.workers)
