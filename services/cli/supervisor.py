@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -37,14 +38,42 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the supervisor dies (even by SIGKILL), so
-    a killed ``dhisparse up`` leaves no orphaned services behind (Linux only)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+class _Spawned:
+    """A child started with ``os.posix_spawn``: the ``Popen`` calls the supervisor uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.02)
+        return code
+
+
+def spawn(argv: list[str], env: dict[str, str], log_path: Path) -> _Spawned:
+    """Start ``argv`` in a new session with stdout+stderr appended to ``log_path``.
+
+    ``posix_spawn`` never runs fork handlers in the child (a plain fork of a process with
+    live gRPC threads can abort before exec); ``services.cli.launch`` arms the
+    parent-death signal and execs ``argv``."""
+    launcher = [sys.executable, "-m", "services.cli.launch", str(os.getpid()), *argv]
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 1, str(log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
+    pid = os.posix_spawn(sys.executable, launcher, env, file_actions=actions, setsid=True)
+    return _Spawned(pid)
 
 
 @dataclass(slots=True)
@@ -60,7 +89,7 @@ class ProcessSpec:
 @dataclass(slots=True)
 class _Child:
     spec: ProcessSpec
-    proc: subprocess.Popen[bytes]
+    proc: _Spawned
     log_path: Path
     restarts: int = 0
 
@@ -90,11 +119,8 @@ class Supervisor:
 
     def _spawn(self, spec: ProcessSpec, restarts: int) -> _Child:
         log_path = self._log_dir / f"{spec.name}.log"
-        out = open(log_path, "ab")
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, preexec_fn=_die_with_parent)
-        out.close()
+        proc = spawn(spec.argv, env, log_path)
         log.info("started", extra={"fields": {"name": spec.name, "pid": proc.pid,
                                               "port": spec.port, "restarts": restarts}})
         return _Child(spec, proc, log_path, restarts)
