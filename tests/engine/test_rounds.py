@@ -175,3 +175,37 @@ def test_counters_and_settings_reach_the_core() -> None:
     assert engine.stats.coverage_mean == 0.0  # hisparse keeps no optional history
     adaptive = Engine(pressured("adaptive", "glm", populate_pages=3))
     assert adaptive.admission.core.config.populate_pages == 3
+
+
+def test_commands_for_requests_this_worker_does_not_hold_are_refused_not_fatal() -> None:
+    """A remote controller's command can race its request (grant not yet here, or the
+    request already finished): it is acknowledged ok=False and decoding goes on."""
+    from services.residency.core import Command, CommandKind
+
+    class Racy:
+        """LocalAdmission that also delivers commands for unknown requests."""
+
+        def __init__(self, inner) -> None:
+            self.inner, self.refused, self.extra = inner, [], [
+                Command(900_001, CommandKind.POPULATE, inner.worker_id, "gone", 2),
+                Command(900_002, CommandKind.BACKUP, inner.worker_id, "not-yet", 0)]
+
+        def take_commands(self):
+            extra, self.extra = self.extra, []
+            return self.inner.take_commands() + extra
+
+        def ack(self, cmd, ok=True):
+            if cmd.command_id >= 900_000:
+                self.refused.append((cmd.command_id, ok))
+            else:
+                self.inner.ack(cmd, ok)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    engine = Engine(pressured("adaptive", "glm", pages=400))
+    engine.admission = Racy(engine.admission)
+    engine.submit(GenerateSpec("r0", 6, prompt=prompts(1)[0]))
+    engine.run_until_idle()
+    assert engine.admission.refused == [(900_001, False), (900_002, False)]
+    assert len(engine.finished[0].output) == 6

@@ -240,18 +240,33 @@ class Engine:
         probs = torch.softmax(logits.float() / self.config.temperature, dim=-1)
         return int(sample_from(probs.view(1, -1).cpu(), torch.rand(1, generator=run.generator)))
 
+    def _activate_granted(self) -> None:
+        """Activate granted requests (the ledger holds them already), in FIFO order."""
+        for run in [r for r in self.waiting
+                    if r.ticket is not None and self.admission.granted(r.ticket)]:
+            self.waiting.remove(run)
+            self._activate(run)
+
     def _run_commands(self) -> None:
-        """Activate granted requests (the ledger holds them already), then execute the
-        controller's commands; acks can grant more, so repeat until quiet."""
+        """Activate granted requests, then execute the controller's commands; acks can
+        grant more, so repeat until quiet.
+
+        With a remote controller a command can race its request: it may arrive before the
+        grant reached this worker, or after the request finished here but before the
+        controller saw the release. Such a command is acknowledged as not done (``ok=False``:
+        the controller un-reserves a Populate, abandons a reclaim step and retries later)
+        instead of touching a request the hierarchy does not hold."""
         while True:
-            for run in [r for r in self.waiting
-                        if r.ticket is not None and self.admission.granted(r.ticket)]:
-                self.waiting.remove(run)
-                self._activate(run)
+            self._activate_granted()
             commands = self.admission.take_commands()
             if not commands:
                 return
             for cmd in commands:
+                if cmd.request_id not in self.running:
+                    self._activate_granted()  # its grant may have landed meanwhile
+                if cmd.request_id not in self.running:
+                    self.admission.ack(cmd, ok=False)
+                    continue
                 pages = execute_command(self.hierarchy, cmd)
                 self.stats.command(cmd.kind.value, pages)
                 self.admission.ack(cmd, ok=True)
