@@ -96,16 +96,22 @@ def test_cancelled_admission_is_withdrawn() -> None:
     run(body())
 
 
+async def _pressure(s):
+    """Request "a" keeps 80 optional pages; "b" then needs 20: the controller reclaims "a".
+    Returns the manual-ack worker, the waiting Admit of "b" and the Backup command."""
+    worker = SimulatedWorker(s.stub, hello(), auto_ack=False)
+    await worker.start()
+    await s.stub.Admit(pb.AdmitRequest(request_id="a", required_pages=10, history_pages=80))
+    waiter = asyncio.ensure_future(
+        s.stub.Admit(pb.AdmitRequest(request_id="b", required_pages=20), timeout=10))
+    [backup] = await worker.wait_for_commands(1)
+    return worker, waiter, backup
+
+
 def test_reclaim_runs_backup_then_retire_over_the_session() -> None:
     async def body() -> None:
         async with serving() as s:
-            worker = SimulatedWorker(s.stub, hello(), auto_ack=False)
-            await worker.start()
-            await s.stub.Admit(pb.AdmitRequest(request_id="a", required_pages=10,
-                                               history_pages=80))
-            waiter = asyncio.ensure_future(
-                s.stub.Admit(pb.AdmitRequest(request_id="b", required_pages=20), timeout=10))
-            [backup] = await worker.wait_for_commands(1)
+            worker, waiter, backup = await _pressure(s)
             assert backup.WhichOneof("kind") == "backup" and backup.request_id == "a"
             assert backup.backup.pages == 80
             worker.ack(backup.command_id)
@@ -205,13 +211,7 @@ def test_bad_input_gets_its_status_and_changes_nothing(call, code, match) -> Non
 def test_session_ack_twice_is_failed_precondition_and_ledger_unchanged() -> None:
     async def body() -> None:
         async with serving() as s:
-            worker = SimulatedWorker(s.stub, hello(), auto_ack=False)
-            await worker.start()
-            await s.stub.Admit(pb.AdmitRequest(request_id="a", required_pages=10,
-                                               history_pages=80))
-            waiter = asyncio.ensure_future(
-                s.stub.Admit(pb.AdmitRequest(request_id="b", required_pages=20), timeout=10))
-            [backup] = await worker.wait_for_commands(1)
+            worker, waiter, backup = await _pressure(s)
             worker.ack(backup.command_id)
             await worker.wait_for_commands(2)
             before = await s.ledger()
