@@ -21,18 +21,22 @@ OPTIONS = ("-std=c++17",)
 
 
 @functools.cache
-def _module(name: str, device: int) -> Any:
+def module(name: str, device: int, defines: tuple[str, ...] = ()) -> Any:
+    """``kernels/<name>.cu`` compiled for ``device``; ``defines`` ("-DNAME") select
+    compile-time variants (e.g. the resolver's phase trace), each cached apart."""
     import cupy
 
     with cupy.cuda.Device(device):
-        return cupy.RawModule(code=(HERE / f"{name}.cu").read_text(), options=OPTIONS)
+        return cupy.RawModule(code=(HERE / f"{name}.cu").read_text(),
+                              options=OPTIONS + tuple(defines))
 
 
 @functools.cache
-def kernel(name: str, func: str, device: int, big_shared: bool = False) -> Any:
+def kernel(name: str, func: str, device: int, big_shared: bool = False,
+           defines: tuple[str, ...] = ()) -> Any:
     """The compiled ``func`` of ``kernels/<name>.cu`` on ``device``; with ``big_shared`` its
     dynamic shared memory may grow to ``dynamic_shared_cap`` (above the default 48 KB)."""
-    fn = _module(name, device).get_function(func)
+    fn = module(name, device, defines).get_function(func)
     if big_shared:
         fn.max_dynamic_shared_size_bytes = dynamic_shared_cap(fn, device)
     return fn

@@ -45,6 +45,33 @@ enum { R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT, R_T
 enum { ST_SEL_LT_M1 = 1, ST_VISIBLE = 2, ST_SEL_GE_VISIBLE = 4, ST_NOT_RESIDENT = 8, ST_ROW_RANGE = 16,
        ST_STAGING = 32 };
 
+// Phase trace (bench/resolver/trace.py): compiled in only with -DRESOLVER_TRACE. Thread 0
+// of block TRACE_BLOCK stamps %globaltimer (ns) at each phase boundary of both launches
+// into g_trace[slot]; slot 0..15 lookup, 16..23 commit block, 24..31 the last lookup block.
+#ifdef RESOLVER_TRACE
+__device__ unsigned long long g_trace[32];
+__device__ int g_trace_block;
+#define TRACE(slot)                                                               \
+    do {                                                                          \
+        if (threadIdx.x == 0 && (int)blockIdx.x == g_trace_block) {               \
+            unsigned long long t_;                                                \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                \
+            g_trace[slot] = t_;                                                   \
+        }                                                                         \
+    } while (0)
+#define TRACE_ANY(slot)                                                           \
+    do {                                                                          \
+        if (threadIdx.x == 0) {                                                   \
+            unsigned long long t_;                                                \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                \
+            g_trace[slot] = t_;                                                   \
+        }                                                                         \
+    } while (0)
+#else
+#define TRACE(slot) do {} while (0)
+#define TRACE_ANY(slot) do {} while (0)
+#endif
+
 template <typename T> __device__ __forceinline__ T* ptr(const i64* row, int col) {
     return reinterpret_cast<T*>(row[col]);
 }
@@ -303,6 +330,7 @@ __device__ __forceinline__ void lookup_body(
     const i64* s_b = sel + (i64)b * Kk;
     i64* l_b = locs + (i64)b * Kk;
     const i64 nbits = (i64)W * 32;
+    TRACE(0);
 
     for (int w = threadIdx.x; w < W; w += NT) need_bm[w] = 0u;
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0ull;
@@ -358,8 +386,10 @@ __device__ __forceinline__ void lookup_body(
     block_add(&cnt[1], n_opt);
     if (status) atomicOr(&cnt[6], (unsigned long long)status);
     __syncthreads();
+    TRACE(1);  // pass 1 done
     for (int w = threadIdx.x; w < W; w += NT) miss_bm[w] = need_bm[w];
     const unsigned u = bitmap_prefix(need_bm, need_pre, W, tmp);  // syncs
+    TRACE(2);  // union prefix
 
     unsigned m = 0, nv = 0;
     if (u > 0 && B == 0) {
@@ -409,7 +439,9 @@ __device__ __forceinline__ void lookup_body(
         }
         block_add(&cnt[5], n_cand);
         __syncthreads();
+        TRACE(3);  // hot scan
         m = bitmap_prefix(miss_bm, miss_pre, W, tmp);  // syncs
+        TRACE(4);  // miss prefix
         // pass 2: entries of the union get a hot location or an encoded miss rank
         unsigned n_hot = 0, n_host = 0;
         for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * UL) {
@@ -440,6 +472,7 @@ __device__ __forceinline__ void lookup_body(
         }
         block_add(&cnt[2], n_hot);
         block_add(&cnt[3], n_host);
+        TRACE(5);  // pass 2 (thread 0's share)
         if (m > 0) {
             // misses in ascending row order
             const int chunk = (W + NT - 1) / NT, lo = threadIdx.x * chunk, hi = min(W, lo + chunk);
@@ -464,6 +497,7 @@ __device__ __forceinline__ void lookup_body(
         }
     }
     __syncthreads();
+    TRACE(6);  // misses listed, victims chosen
     if (threadIdx.x == 0) {
         i64* sm = summary + (i64)b * SCOLS;
         sm[S_STATUS] = (i64)cnt[6];
@@ -481,8 +515,10 @@ __device__ __forceinline__ void lookup_body(
         last = (t == (unsigned long long)(batch - 1));
     }
     __syncthreads();
+    TRACE(7);  // summary written, ticket taken
     if (!last) return;
     // last block: offsets and totals over the batch (batch <= NT), then reset the ticket
+    TRACE_ANY(24);
     __threadfence();
     i64* copy_off = totals + TOT_COLS;
     i64* stage_off = copy_off + batch + 1;
@@ -524,6 +560,7 @@ __device__ __forceinline__ void lookup_body(
         totals[R_DIRECT] = (i64)cnt[5];
         totals[R_TICKET] = 0;
     }
+    TRACE_ANY(25);
 }
 
 #define LOOKUP_ARGS                                                                                     \
@@ -605,12 +642,14 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     __shared__ i64 s_off[MAXB + 1], s_soff[MAXB + 1];
     __shared__ int s_ok;
     const int Kk = K * k;
+    TRACE(16);
     if (threadIdx.x == 0) {
         const i64 staged = totals[R_STAGED];
         s_ok = totals[R_STATUS] == 0 && staged <= n_stage_locs;
         if (!s_ok && blockIdx.x == 0 && totals[R_STATUS] == 0) totals[R_STATUS] = ST_STAGING;
     }
     __syncthreads();
+    TRACE(17);  // totals read
     if (!s_ok) return;
     const i64* copy_off = totals + TOT_COLS;
     const i64* stage_off = copy_off + batch + 1;
@@ -630,6 +669,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     const i64* row = table + (i64)b * TCOLS;
     const i64* sm = summary + (i64)b * SCOLS;
     if (sm[S_U] == 0) return;  // direct lookup: no LRU change
+    TRACE(18);  // summary read
     const i64 m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT], off = copy_off[b], soff = stage_off[b];
     i64* hot_rows = ptr<i64>(row, T_HOT_ROWS);
     i64* stamp = ptr<i64>(row, T_HOT_STAMP);
@@ -678,6 +718,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
             protect[slot[q]] = epoch;
         }
     }
+    TRACE(19);  // victims / hits stamped
     if (m == 0) return;  // hits only: every location was final after the lookup
     __syncthreads();
     i64* l_b = locs + (i64)b * Kk;

@@ -69,6 +69,15 @@ def default_select() -> str:
 LOOKUP_BLOCKS = ("auto", "1", "2")
 
 
+def defines() -> tuple[str, ...]:
+    """Compile-time variant of resolver.cu: ``DHISPARSE_RESOLVER_TRACE=1`` builds the phase
+    trace in (``bench/resolver/trace.py`` reads it); same results, a few stores more."""
+    value = os.environ.get("DHISPARSE_RESOLVER_TRACE", "0")
+    if value not in ("0", "1"):
+        raise InvalidArgument(f"DHISPARSE_RESOLVER_TRACE={value!r} must be 0 or 1")
+    return ("-DRESOLVER_TRACE",) if value == "1" else ()
+
+
 def lookup_blocks(batch: int, device: int) -> int:
     """Lookup blocks per SM: ``DHISPARSE_LOOKUP_BLOCKS`` (auto | 1 | 2), default auto = 2 when
     the batch exceeds the SM count (one wave instead of two; 32 registers and 2 loads in
@@ -161,7 +170,8 @@ def lookup(
     shared = -(-12 * words // 16) * 16 + 8 * pow2
     dev = selections.device.index
     blocks = lookup_blocks(batch, dev)
-    fn = kernel("resolver", "resolve_lookup_2" if blocks == 2 else "resolve_lookup", dev, True)
+    fn = kernel("resolver", "resolve_lookup_2" if blocks == 2 else "resolve_lookup", dev, True,
+                defines())
     cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
     check_limit("shared bytes (12 * ceil(rows_bound / 32) + 8 * pow2(B))", shared, cap)
     args = (
@@ -234,7 +244,7 @@ def commit(
             )
     w = vec_width(row_bytes)
     dev = selections.device.index
-    fn = kernel("resolver", f"resolve_commit_{w}", dev)
+    fn = kernel("resolver", f"resolve_commit_{w}", dev, False, defines())
     null = np.uint64(0)
     args = (
         ptr(table),

@@ -60,3 +60,29 @@ def test_profile_step_attributes_the_model_stages() -> None:
     out = profile_step(s, "hisparse", 2, shared, fused=False)
     assert out["active"] == 2 and out["wall_ms_per_step"] > 0
     assert {"indexer", "resolver", "attention", "mlp", "gather_rows"} <= set(out["stages"])
+
+
+def test_point_cap_stops_with_requests_in_flight_and_rates_still_count() -> None:
+    """``drive(max_seconds=...)``: a capped point ends after the step crossing the cap with
+    the rest unfinished, flagged ``truncated``; an uncapped run of the same is not."""
+    import pytest
+
+    from services.common.errors import InvalidArgument
+    from services.decode.bench.metrics import serve_row
+
+    shared = Shared.build(_config("resident").model)
+    prefixes = [[(7 * i + j) % 64 for j in range(40)] for i in range(2)]
+    ticks = iter(range(10_000))
+    engine = GpuEngine(_config("hisparse"), shared)
+    engine.clock = lambda: next(ticks) / 100  # 10 ms per clock read
+    rec = drive(engine, "hisparse", [LoadPhase(4, requests=8)], prefixes, 16, max_seconds=1)
+    row = serve_row(rec, 4)
+    assert rec.truncated and row["truncated"]
+    assert 0 < row["output_tokens"] and row["finished_requests"] < 8
+    assert len(rec.samples) > 2 and rec.samples[-2].t < 1 <= rec.samples[-1].t
+    full = drive(GpuEngine(_config("hisparse"), shared), "hisparse", [LoadPhase(4, requests=8)],
+                 prefixes, 4)
+    assert not full.truncated and serve_row(full, 4)["finished_requests"] == 8
+    with pytest.raises(InvalidArgument, match="max_seconds=0"):
+        drive(GpuEngine(_config("hisparse"), shared), "hisparse", [LoadPhase(1, requests=1)],
+              prefixes, 4, max_seconds=0)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.common.errors import InvalidArgument
 from services.decode.engine.engine import Engine
 from services.decode.engine.request import GenerateSpec, RequestRun
 
@@ -61,6 +62,7 @@ class RunRecord:
     phase_starts: list[float] = field(default_factory=list)   # seconds since start
     samples: list[Sample] = field(default_factory=list)
     duration: float = 0.0
+    truncated: bool = False    # stopped at ``max_seconds`` with requests still in flight
 
 
 def make_prefixes(vocab: int, length: int, count: int, seed: int) -> list[list[int]]:
@@ -80,8 +82,13 @@ def output_lengths(output_len: int, ratio: float, seed: int) -> Callable[[int], 
 
 def drive(engine: Engine, policy: str, phases: list[LoadPhase], prefixes: list[list[int]],
           output_len: int | Callable[[int], int], tag: str = "r",
-          on_finish: Callable[[RequestRun], None] | None = None) -> RunRecord:
-    """Run ``phases`` on ``engine`` (fresh) until idle; returns the record."""
+          on_finish: Callable[[RequestRun], None] | None = None,
+          max_seconds: float | None = None) -> RunRecord:
+    """Run ``phases`` on ``engine`` (fresh) until idle; returns the record. With
+    ``max_seconds`` the run stops after the first step ending past it, in-flight requests
+    left unfinished (``rec.truncated``): a sweep's point cannot eat the whole budget."""
+    if max_seconds is not None and not max_seconds > 0:
+        raise InvalidArgument(f"max_seconds={max_seconds} must be > 0")
     for i, tokens in enumerate(prefixes):
         engine.register_prefix(f"p{i}", tokens)
     rec = RunRecord(policy, phases, engine)
@@ -116,6 +123,9 @@ def drive(engine: Engine, policy: str, phases: list[LoadPhase], prefixes: list[l
             t1 - start, t1 - t0, min(phase, len(phases) - 1), len(batch), len(engine.waiting),
             engine.coverage() if engine.running else float("nan"), counts.selected,
             counts.host, stats.commands.get("retire", 0), stats.commands.get("populate", 0)))
+        if max_seconds is not None and t1 - start >= max_seconds and not engine.idle:
+            rec.truncated = True
+            break
     rec.duration = clock() - start
     return rec
 

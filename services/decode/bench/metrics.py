@@ -92,6 +92,8 @@ def serve_row(rec: RunRecord, concurrency: int) -> dict[str, object]:
         "kv_pages": cfg.num_pages,
         "request_required_pages": cfg.required_pages_for(longest),
         "output_tokens": out,
+        "finished_requests": sum(r.finished_at is not None for r in rec.runs),
+        "truncated": rec.truncated,
         "duration_s": rec.duration,
         "output_tokens_per_s": out / rec.duration if rec.duration else 0.0,
         **request_stats(rec.runs, skip=concurrency),

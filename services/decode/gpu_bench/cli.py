@@ -1,11 +1,10 @@
-"""Typer commands for the GPU preset, for the lead to wire into ``dhisparse bench``:
+"""The GPU preset's commands (``services.decode.bench_cli`` dispatches here):
 
     dhisparse bench serve --device cuda --preset h200      → ``serve_h200``
     dhisparse bench load-step --device cuda --preset h200  → ``load_step_h200``
 
-(``bench_cli.serve_command`` / ``load_step_command`` can dispatch here when
-``preset == "h200"``; this module does not edit them.) Both run ``sweep.main``'s points
-for their experiment and write ``h200_results.json`` + PNGs under ``--out``.
+Both run ``sweep.main``'s points for their experiment and write ``h200_results.json`` +
+PNGs under ``--out``.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import sys
 import typer
 
 from services.decode.gpu_bench import sweep
+from services.decode.gpu_bench.presets import H200_CONCURRENCY
 
 
 def _run(only: str, out: str, budget_s: float, fused: bool, output_len: int,
@@ -29,7 +29,7 @@ def serve_h200(out: str = typer.Option(".", "--out"),
                budget_s: float = typer.Option(480.0, "--budget-s"),
                fused: bool = typer.Option(True, "--fused/--no-fused"),
                output_len: int = typer.Option(24, "--output-len"),
-               concurrency: str = typer.Option("4,16,64", "--concurrency"),
+               concurrency: str = typer.Option(H200_CONCURRENCY, "--concurrency"),
                hot_cache_sweep: bool = typer.Option(True, "--hot-cache-sweep/--no-hot-cache-sweep"),
                ) -> None:
     """Serve sweep (Fig. 4), per-step profiles and the hot-cache sweep (Fig. 9)."""
@@ -42,4 +42,5 @@ def load_step_h200(out: str = typer.Option(".", "--out"),
                    fused: bool = typer.Option(True, "--fused/--no-fused"),
                    output_len: int = typer.Option(24, "--output-len")) -> None:
     """Load step C4 → C32 → C4, residency on (adaptive) vs off (hisparse) (Fig. 6)."""
-    _run("warm adaptive,warm hisparse,load-step", out, budget_s, fused, output_len, "4,16,64")
+    _run("warm adaptive,warm hisparse,load-step", out, budget_s, fused, output_len,
+         H200_CONCURRENCY)

@@ -37,6 +37,7 @@ class Plan:
     requests_per_c: float = 2.0      # requests per serve point = max(C, factor · C)
     low_phase_requests: int = 8      # load step: submissions in each C_low phase
     high_phase_requests: int = 64    # ... and in the C_high phase
+    point_s: float | None = None     # wall cap of one serve point / load-step arm
 
     def requests(self, c: int) -> int:
         return max(c, int(self.requests_per_c * c))
@@ -50,15 +51,19 @@ def _common(device: str, preset: str, input_len: int, output_len: int, hot: int,
                 concurrency=conc)
 
 
-def h200_plan(output_len: int = 24, concurrency: str = "4,16,64") -> Plan:
+H200_CONCURRENCY = "4,8,16,32,64,128"
+
+
+def h200_plan(output_len: int = 24, concurrency: str = H200_CONCURRENCY,
+              point_s: float | None = 45.0) -> Plan:
     """``dhisparse bench serve|load-step --device cuda --preset h200``."""
     c = _common("cuda", "h200-deepseek", H200_INPUT, output_len, 4096, "2560MiB", 64,
                 concurrency)
     serve = BenchSettings(**c, requests=2 * max(int(x) for x in concurrency.split(",")))
     step = LoadStepSettings(**{**c, "concurrency": "4,32,4"}, policy="adaptive,hisparse",
                             phase_requests=8)
-    return Plan(serve, step, hot_caches=[2048, 4096, 16384], hot_loads=[4, 32],
-                requests_per_c=1.5)
+    return Plan(serve, step, hot_caches=[2048, 4096, 8192, 16384], hot_loads=[4, 32],
+                requests_per_c=1.5, point_s=point_s)
 
 
 def cpu_plan() -> Plan:

@@ -49,11 +49,13 @@ def prefixes_of(settings: BenchSettings, shared: Shared) -> list[list[int]]:
 
 
 def serve_point(settings: BenchSettings, policy: str, c: int, requests: int, shared: Shared,
-                fused: bool) -> tuple[dict[str, object], RunRecord]:
-    """One closed-loop point: C in flight until ``requests`` finished."""
+                fused: bool, max_seconds: float | None = None
+                ) -> tuple[dict[str, object], RunRecord]:
+    """One closed-loop point: C in flight until ``requests`` finished (or ``max_seconds``
+    passed: the row says ``truncated`` and rates cover the time it ran)."""
     engine = engine_for(settings, policy, c, shared, fused)
     rec = drive(engine, policy, [LoadPhase(c, requests=requests)], prefixes_of(settings, shared),
-                settings.output_len, tag=f"c{c}-r")
+                settings.output_len, tag=f"c{c}-r", max_seconds=max_seconds)
     sync(settings.device)
     row = serve_row(rec, c)
     row.update(hot_cache=settings.hot_cache, kv_memory=settings.kv_memory,
@@ -62,9 +64,11 @@ def serve_point(settings: BenchSettings, policy: str, c: int, requests: int, sha
 
 
 def load_step_arm(settings: LoadStepSettings, policy: str, phases: list[LoadPhase],
-                  shared: Shared, fused: bool) -> tuple[list[dict], dict, list[float]]:
+                  shared: Shared, fused: bool, max_seconds: float | None = None
+                  ) -> tuple[list[dict], dict, list[float]]:
     engine = engine_for(settings, policy, max(p.concurrency for p in phases), shared, fused)
-    rec = drive(engine, policy, phases, prefixes_of(settings, shared), settings.output_len)
+    rec = drive(engine, policy, phases, prefixes_of(settings, shared), settings.output_len,
+                max_seconds=max_seconds)
     sync(settings.device)
     return phase_rows(rec), timeline(rec), list(rec.phase_starts)
 

@@ -22,7 +22,13 @@ import torch
 from services.decode.bench import report
 from services.decode.bench.driver import LoadPhase
 from services.decode.gpu_bench.engine import Shared
-from services.decode.gpu_bench.presets import Plan, cpu_plan, h200_plan, with_hot_cache
+from services.decode.gpu_bench.presets import (
+    H200_CONCURRENCY,
+    Plan,
+    cpu_plan,
+    h200_plan,
+    with_hot_cache,
+)
 from services.decode.gpu_bench.runner import (
     load_step_arm,
     profile_step,
@@ -141,14 +147,18 @@ def points(plan: Plan, shared: Shared, fused: bool, res: Results, policies: list
 
     def serve(policy: str, c: int, settings=s, key="serve"):
         def run():
-            row, _ = serve_point(settings, policy, c, plan.requests(c), shared, fused)
+            row, _ = serve_point(settings, policy, c, plan.requests(c), shared, fused,
+                                 plan.point_s)
             d[key].append(row)
             res.log(f"{key} {policy} C{c} B={settings.hot_cache}: "
                     f"{row['output_tokens_per_s']:.1f} tok/s, TPOT "
                     f"{1e3 * row['tpot_mean_s']:.1f} ms, TTFT {row['ttft_mean_s']:.2f} s, "
                     f"host {row['host_fetch_share']:.4f}, cover {row['coverage_mean']:.2f}, "
                     f"active {row['active_mean']:.1f}, tok/rnd "
-                    f"{row['spec_tokens_per_round']:.2f}")
+                    f"{row['spec_tokens_per_round']:.2f}"
+                    + (f", TRUNCATED at {row['duration_s']:.0f}s "
+                       f"({row['finished_requests']}/{row['requests']} finished)"
+                       if row["truncated"] else ""))
             release(dev)
             res.save()
         return run
@@ -160,7 +170,8 @@ def points(plan: Plan, shared: Shared, fused: bool, res: Results, policies: list
                   for c in ls.concurrencies]
 
         def run():
-            rows, tl, starts = load_step_arm(ls, policy, phases, shared, fused)
+            rows, tl, starts = load_step_arm(ls, policy, phases, shared, fused,
+                                             plan.point_s and 4 * plan.point_s)
             d["load_step"].extend(rows)
             d["timelines"][policy], d["phase_starts"][policy] = tl, starts
             release(dev)
@@ -172,7 +183,12 @@ def points(plan: Plan, shared: Shared, fused: bool, res: Results, policies: list
     out = [(f"warm {p}", lambda p=p: warm_up(s, p, shared, fused)) for p in policies]
     spec = [p for p in plan.profile_policies if "spec" in p]
     out += [(f"profile {p}", profile(p)) for p in plan.profile_policies if p not in spec]
-    out += [(f"serve {p} C{c}", serve(p, c)) for c in s.concurrencies for p in policies]
+    # non-speculative policies over every C first: the crossover figure survives a budget
+    # that the (slower) speculative points would exhaust
+    plain = [p for p in policies if "spec" not in p]
+    out += [(f"serve {p} C{c}", serve(p, c)) for c in s.concurrencies for p in plain]
+    out += [(f"serve {p} C{c}", serve(p, c)) for c in s.concurrencies for p in policies
+            if p not in plain]
     out += [(f"load-step {p}", arm(p)) for p in plan.load_step.policies]
     for c in plan.hot_loads:
         for b in plan.hot_caches:
@@ -189,13 +205,15 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="dry run on the CPU demo model")
     ap.add_argument("--fused", action="store_true", help="use kernels.resolver on CUDA")
     ap.add_argument("--output-len", type=int, default=24)
-    ap.add_argument("--concurrency", default="4,16,64")
+    ap.add_argument("--concurrency", default=H200_CONCURRENCY)
+    ap.add_argument("--point-s", type=float, default=45.0,
+                    help="wall cap of one serve point (x4 for a load-step arm)")
     ap.add_argument("--policies", default="resident,hisparse,adaptive,resident-spec,adaptive-spec")
     ap.add_argument("--only", default="", help="comma list of point-name prefixes to run")
     ap.add_argument("--prefix", default="h200_")
     a = ap.parse_args()
     deadline = time.perf_counter() + a.budget_s
-    plan = cpu_plan() if a.cpu else h200_plan(a.output_len, a.concurrency)
+    plan = cpu_plan() if a.cpu else h200_plan(a.output_len, a.concurrency, a.point_s)
     plan.serve.validate()
     plan.load_step.validate()
     out = Path(a.out)

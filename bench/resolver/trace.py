@@ -1,0 +1,154 @@
+"""Where a no-miss resolver call spends its time: launch floors and a phase trace.
+
+    python3 -m bench.resolver.trace --out trace.json      (CUDA only)
+
+1. Floors, timed exactly like the benchmark (L2 flush, GPU spin, CUDA events): one and two
+   empty launches, and one thread chasing n dependent pointers through a buffer the flush
+   evicted, within one 2 MB page and one page per hop (address translation misses).
+2. The resolver built with ``DHISPARSE_RESOLVER_TRACE=1``: %globaltimer stamps at the phase
+   boundaries of one lookup block, the last lookup block and one commit block (slots of
+   resolver.cu's ``TRACE``), on the benchmark's cases (hit100 / miss2, 656 B rows,
+   top_k 2048, B 4096, 100K-row requests), beside the event time of the same calls and of
+   each launch alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import torch
+
+from bench.common import Flusher, environment, time_gpu, write_json
+
+FLOOR_SRC = r"""
+extern "C" __global__ void empty_kernel() {}
+// one thread follows next = buf[next] n times from 0; writes the end so nothing is elided
+extern "C" __global__ void chase(const long long* buf, int n, long long* out) {
+    long long at = 0;
+    for (int i = 0; i < n; ++i) at = buf[at];
+    *out = at;
+}
+"""
+
+# phase slots of resolver.cu (lookup block, last block, commit block)
+LOOKUP_PHASES = ("pass 1", "union prefix", "hot scan", "miss prefix", "pass 2",
+                 "misses+victims", "summary+ticket")
+
+
+def floors(dev: torch.device, reps: int) -> dict[str, float]:
+    import cupy
+    import numpy as np
+
+    from kernels._loader import launch, ptr
+
+    mod = cupy.RawModule(code=FLOOR_SRC)
+    empty, chase = mod.get_function("empty_kernel"), mod.get_function("chase")
+    flush = Flusher(dev)
+    out = torch.zeros(1, dtype=torch.int64, device=dev)
+    page = 2 << 20
+    words = 64 * page // 8  # 128 MB of links
+    buf = torch.empty(words, dtype=torch.int64, device=dev)
+    res: dict[str, float] = {}
+
+    def med(fn) -> float:
+        return statistics.median(time_gpu(lambda i: fn(), reps, 3, flush=flush))
+
+    res["empty_1_launch_us"] = med(lambda: launch(empty, (1,), (1,), ()))
+    res["empty_2_launches_us"] = med(lambda: (launch(empty, (1,), (1,), ()),
+                                              launch(empty, (1,), (1,), ())))
+    res["empty_160x1024_us"] = med(lambda: launch(empty, (160,), (1024,), ()))
+    for label, stride in (("same_page", 64), ("new_page", page // 8 + 64)):
+        idx = torch.arange(0, 40 * stride, stride, dtype=torch.int64, device=dev)
+        buf[idx[:-1]] = idx[1:]
+        for n in (1, 4, 16):
+            res[f"chase_{n}_{label}_us"] = med(
+                lambda n=n: launch(chase, (1,), (1,), (ptr(buf), np.int32(n), ptr(out))))
+    return res
+
+
+def traced(dev: torch.device, reps: int) -> list[dict]:
+    import numpy as np
+
+    from bench.resolver.case import Case
+    from bench.resolver.pool import State, alloc_host, fill_random
+    from kernels._loader import module
+    from kernels.resolver import defines
+
+    assert defines() == ("-DRESOLVER_TRACE",)
+    P, S, item, k, B = 160, 100_000, 656, 2048, 4096
+    host, _ = alloc_host(P * S * item)
+    fill_random(host, dev)
+    st = State(P, S, B, dev)
+    pool = torch.empty(st.pool_rows, item, dtype=torch.uint8, device=dev)
+    mod = module("resolver", dev.index or 0, defines())
+    import cupy
+
+    g_trace = cupy.ndarray((32,), dtype=np.uint64, memptr=mod.get_global("g_trace"))
+    g_block = cupy.ndarray((1,), dtype=np.int32, memptr=mod.get_global("g_trace_block"))
+    flush = Flusher(dev)
+    rows = []
+    for bs, prof, m in ((1, "hit100", 0), (32, "hit100", 0), (160, "hit100", 0),
+                        (32, "miss2", round(0.02 * k))):
+        case = Case(st, host, pool, item, bs, 1, k, m, False)
+        ok = case.check(0)["ok"]
+        calls = 1 + 3 * (reps + 3)
+        full = time_gpu(case.call, reps, 3, before=case.before, flush=flush)
+        look = time_gpu(lambda i, c=case: c.lookup(i + reps + 3), reps, 3,
+                        before=lambda i, c=case: c.before(i + reps + 3), flush=flush)
+
+        def prep(i: int, c=case) -> None:  # state restored + lookup done, then flush
+            c.before(i + 2 * (reps + 3))
+            c.lookup(i + 2 * (reps + 3))
+
+        commit = time_gpu(lambda i, c=case: c.commit(i + 2 * (reps + 3)), reps, 3,
+                          before=prep, flush=flush)
+        phases = []
+        for blk in (0, bs - 1):  # first and last request's block
+            g_block[0] = blk
+            g_trace[:] = 0
+            case.before(calls)
+            flush()
+            torch.cuda._sleep(1_000_000)
+            case.call(calls)
+            torch.cuda.synchronize()
+            t = [int(x) for x in g_trace.get()]
+            t0 = t[0]
+
+            def rel(slot: int, t=t, t0=t0) -> float | None:
+                return round((t[slot] - t0) / 1e3, 2) if t[slot] else None
+
+            phases.append({
+                "block": blk,
+                "lookup_us": {name: rel(i + 1) for i, name in enumerate(LOOKUP_PHASES)},
+                "last_block_us": {"start": rel(24), "end": rel(25)},
+                "commit_us": {"start": rel(16), "totals read": rel(17),
+                              "summary read": rel(18), "stamped": rel(19)},
+            })
+        rows.append({"batch": bs, "profile": prof, "ok": ok,
+                     "call_us": statistics.median(full),
+                     "lookup_alone_us": statistics.median(look),
+                     "commit_alone_us": statistics.median(commit), "trace": phases})
+        print(rows[-1], flush=True)
+        del case
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="trace.json")
+    ap.add_argument("--reps", type=int, default=15)
+    a = ap.parse_args()
+    os.environ["DHISPARSE_RESOLVER_TRACE"] = "1"
+    dev = torch.device("cuda")
+    rec: dict = {"env": environment()}
+    rec["floors"] = floors(dev, a.reps)
+    print(rec["floors"], flush=True)
+    write_json(a.out, rec)
+    rec["traced"] = traced(dev, a.reps)
+    write_json(a.out, rec)
+
+
+if __name__ == "__main__":
+    main()
