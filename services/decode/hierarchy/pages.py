@@ -274,21 +274,25 @@ def backup(group: SourceGroup, request_id: str, max_pages: int | None = None) ->
             g for g in state.optional_logical_pages()
             if not bool(backed[g * p : g * p + p].all())
         ]
-    done = 0
-    for g in (tail_pages + opt_pages)[:budget]:
-        rows = torch.arange(g * p, g * p + p, device=group.device)
-        if g * p >= state.tail_lo:
-            locs = state.tail_locs[rows % state.tail_locs.numel()]
-        else:
-            locs = state.page_map[g] * p + rows % p
-        for payload, backing in zip(group.payloads, state.backings, strict=True):
-            backing.write(g * p, payload[locs].cpu())
+    pages = (tail_pages + opt_pages)[:budget]
+    if not pages:
+        return 0
+    # every page's rows in one gather and one device->host copy per payload layer (not one
+    # synchronizing copy per page and layer), then per-page host writes
+    g_t = torch.tensor(pages, dtype=torch.int64, device=group.device)
+    rows = (g_t[:, None] * p + torch.arange(p, device=group.device)).flatten()
+    locs = torch.where(rows >= state.tail_lo, state.tail_locs[rows % state.tail_locs.numel()],
+                       state.page_map[rows // p] * p + rows % p)
+    for payload, backing in zip(group.payloads, state.backings, strict=True):
+        data = payload[locs].cpu()
+        for i, g in enumerate(pages):
+            backing.write(g * p, data[i * p : i * p + p])
+    for g in pages:
         for backing in state.backings:  # commit after every layer's bytes landed (I4)
             backing.commit(g * p, g * p + p)
         if g * p == state.tail_lo:
             state.tail_lo += p
-        done += p
-    return done
+    return len(pages) * p
 
 
 def retire(group: SourceGroup, request_id: str, pages: Sequence[int] | None = None) -> int:
@@ -316,7 +320,7 @@ def retire(group: SourceGroup, request_id: str, pages: Sequence[int] | None = No
             )
     if not targets:
         return 0
-    physical = [int(state.page_map[g]) for g in targets]
+    physical = state.page_map[torch.tensor(targets, device=group.device)].tolist()
     state.page_ready[targets] = False  # unpublish first, then free (I4)
     state.page_map[targets] = -1
     group.pages.free(physical)
@@ -334,7 +338,7 @@ def populate(group: SourceGroup, request_id: str, max_pages: int, publish: bool 
     _count("max_pages", max_pages, 1)
     if group.config.policy != "adaptive":
         raise FailedPrecondition(f"policy={group.config.policy!r} has no optional residency")
-    missing = [g for g in range(state.eligible_pages) if int(state.page_map[g]) < 0]
+    missing = torch.nonzero(state.page_map[: state.eligible_pages] < 0).flatten().tolist()
     targets = missing[: min(max_pages, group.pages.available)]
     if not targets:
         return 0
@@ -367,7 +371,7 @@ def release(group: SourceGroup, request_id: str) -> None:
             f"request_id={request_id!r}: readers of epoch={state.last_read_epoch} not finished "
             f"(finished_epoch={group.finished_epoch}) or a plan is not applied to every layer"
         )
-    group.pages.free(state.required_pages + [int(g) for g in state.page_map[state.page_map >= 0]])
+    group.pages.free(state.required_pages + state.page_map[state.page_map >= 0].tolist())
     group.staging.drop_request(request_id)
     if group.provider is not None and state.backings:
         for sid in group.source_ids:

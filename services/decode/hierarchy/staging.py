@@ -34,6 +34,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from services.common.errors import FailedPrecondition, ResourceExhausted
 
 from .request import lru_order
@@ -163,20 +165,59 @@ def release_staging(group: SourceGroup) -> int:
             f"plan of epoch={group.pending_epoch} not applied to payload layers "
             f"{sorted(group.pending_layers)}; apply_copies before release_staging"
         )
-    promoted = 0
-    for entry in group.staging.release(group.finished_epoch):
-        state = group.requests.get(entry.request_id)
-        if state is None or state.hot_rows.numel() == 0:
-            continue
-        eligible = (state.hot_stamp < entry.epoch) & (state.hot_protect <= group.finished_epoch)
-        if bool((state.hot_rows == entry.row).any()) or not bool(eligible.any()):
-            continue
-        slot = lru_order(state.hot_stamp, eligible)[0]
-        dst = state.hot_locs[slot]
-        for payload in group.payloads:
-            payload[dst] = payload[entry.loc]
-        state.hot_rows[slot] = entry.row
-        state.hot_stamp[slot] = entry.epoch
-        promoted += 1
+    entries = group.staging.release(group.finished_epoch)
+    promoted, i = 0, 0
+    while i < len(entries):  # runs of one (request, epoch): one resolve's staged rows
+        j = i + 1
+        while (j < len(entries) and entries[j].request_id == entries[i].request_id
+               and entries[j].epoch == entries[i].epoch):
+            j += 1
+        promoted += _promote_run(group, entries[i:j])
+        i = j
     return promoted
 
+
+def _promote_run(group: SourceGroup, run: list[StagedRow]) -> int:
+    """Promote one resolve's staged rows of one request, all at once.
+
+    Equal to promoting them one by one (``_promote_one``): the rows of one resolve are
+    distinct misses, so none is held by a slot; a promoted slot takes the run's epoch as
+    its stamp and so leaves the eligible set (stamp < epoch), which makes the i-th row take
+    the i-th eligible slot in LRU order, until the eligible slots run out. Where that
+    premise fails (a row repeated or already held) the rows go one by one.
+    """
+    state = group.requests.get(run[0].request_id)
+    if state is None or state.hot_rows.numel() == 0:
+        return 0
+    epoch, dev = run[0].epoch, state.hot_rows.device
+    rows = torch.tensor([e.row for e in run], dtype=torch.int64, device=dev)
+    held = torch.isin(rows, state.hot_rows).any()
+    eligible = (state.hot_stamp < epoch) & (state.hot_protect <= group.finished_epoch)
+    slots = lru_order(state.hot_stamp, eligible)  # one device read (nonzero)
+    if len({e.row for e in run}) != len(run) or bool(held):
+        return sum(_promote_one(group, state, e) for e in run)
+    n = min(len(run), int(slots.numel()))
+    if n == 0:
+        return 0
+    slots = slots[:n]
+    dst = state.hot_locs[slots]
+    src = torch.tensor([e.loc for e in run[:n]], dtype=torch.int64, device=dev)
+    for payload in group.payloads:
+        payload[dst] = payload[src]
+    state.hot_rows[slots] = rows[:n]
+    state.hot_stamp[slots] = epoch
+    return n
+
+
+def _promote_one(group: SourceGroup, state, entry: StagedRow) -> int:
+    """The definition: ``entry``'s row into the LRU-first eligible slot not holding it."""
+    eligible = (state.hot_stamp < entry.epoch) & (state.hot_protect <= group.finished_epoch)
+    if bool((state.hot_rows == entry.row).any()) or not bool(eligible.any()):
+        return 0
+    slot = lru_order(state.hot_stamp, eligible)[0]
+    dst = state.hot_locs[slot]
+    for payload in group.payloads:
+        payload[dst] = payload[entry.loc]
+    state.hot_rows[slot] = entry.row
+    state.hot_stamp[slot] = entry.epoch
+    return 1
