@@ -136,6 +136,7 @@ __device__ __forceinline__ void block_add(unsigned long long* dst, unsigned v) {
 }
 
 #define U 4  // loads in flight per thread in the lookup passes
+#define PENDING (~0ull - 1)  // hot-scan mark of a non-hit slot whose key is not built yet
 #define SORT_N 4096  // register bitonic sort size: 4 keys per thread of NT
 
 __device__ __forceinline__ unsigned long long bitonic_pick(unsigned long long mine, unsigned long long other,
@@ -395,21 +396,19 @@ __device__ __forceinline__ void lookup_body(
     if (u > 0 && B == 0) {
         if (threadIdx.x == 0) atomicOr(&cnt[6], (unsigned long long)ST_NOT_RESIDENT);
     } else if (u > 0) {
-        // step 2: scan the B hot slots against the union (bounded by B, not by history)
+        // step 2: scan the B hot slots against the union (bounded by B, not by history).
+        // Only hot_rows (and hot_locs of hits) are read here; a non-hit slot is marked
+        // PENDING and its protect/stamp are read after the misses are counted, only when
+        // there are any (a no-miss call reads a third of the slot state).
         const i64* hot_rows = ptr<const i64>(row, T_HOT_ROWS);
-        const i64* stamp = ptr<const i64>(row, T_HOT_STAMP);
-        const i64* protect = ptr<const i64>(row, T_HOT_PROTECT);
         const i64* hot_locs = ptr<const i64>(row, T_HOT_LOCS);
-        unsigned n_cand = 0;
         for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * UL) {
-            i64 hr[UL], pr[UL], st[UL], hl[UL];
+            i64 hr[UL], hl[UL];
             bool hit[UL];
 #pragma unroll
             for (int q = 0; q < UL; ++q) {
                 const int s = s0 + q * NT;
                 hr[q] = s < B ? hot_rows[s] : -1;
-                pr[q] = s < B ? protect[s] : 0;
-                st[q] = s < B ? stamp[s] : 0;
             }
 #pragma unroll
             for (int q = 0; q < UL; ++q) {
@@ -425,23 +424,20 @@ __device__ __forceinline__ void lookup_body(
                 if ((threadIdx.x & 31) == 0 && bal) base = atomicAdd(&cnt[4], (unsigned long long)__popc(bal));
                 base = __shfl_sync(0xffffffffu, base, 0);
                 if (s >= Bp) continue;
-                unsigned long long key = ~0ull;
                 if (hit[q]) {
                     need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, hr[q])] = hl[q];
                     atomicAnd(&miss_bm[hr[q] >> 5], ~(1u << (hr[q] & 31)));
                     hit_slots[(i64)b * B + base + __popc(bal & ((1u << (threadIdx.x & 31)) - 1u))] = s;
-                } else if (s < B && pr[q] <= finished_epoch) {
-                    key = ((unsigned long long)st[q] << 20) | (unsigned)s;  // (stamp, slot)
-                    ++n_cand;
                 }
-                keys[s] = key;
+                keys[s] = !hit[q] && s < B ? PENDING : ~0ull;
             }
         }
-        block_add(&cnt[5], n_cand);
         __syncthreads();
         TRACE(3);  // hot scan
-        m = bitmap_prefix(miss_bm, miss_pre, W, tmp);  // syncs
-        TRACE(4);  // miss prefix
+        bool any_miss = false;
+        for (int w = threadIdx.x; w < W; w += NT) any_miss |= miss_bm[w] != 0u;
+        if (__syncthreads_or(any_miss)) m = bitmap_prefix(miss_bm, miss_pre, W, tmp);  // syncs
+        TRACE(4);  // miss prefix (skipped without misses)
         // pass 2: entries of the union get a hot location or an encoded miss rank
         unsigned n_hot = 0, n_host = 0;
         for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * UL) {
@@ -484,7 +480,32 @@ __device__ __forceinline__ void lookup_body(
                     misses[(i64)b * Kk + i++] = (i64)w * 32 + bit;
                 }
             }
-            // step 3: the nv first candidates in LRU order, (stamp, slot) ascending
+            // step 3: candidates = unprotected non-hit slots, keyed (stamp, slot); then the
+            // nv first in LRU order, (stamp, slot) ascending
+            const i64* stamp = ptr<const i64>(row, T_HOT_STAMP);
+            const i64* protect = ptr<const i64>(row, T_HOT_PROTECT);
+            unsigned n_cand = 0;
+            for (int s0 = threadIdx.x; s0 < B; s0 += NT * UL) {
+                i64 pr[UL], st[UL];
+                bool pend[UL];
+#pragma unroll
+                for (int q = 0; q < UL; ++q) {
+                    const int s = s0 + q * NT;
+                    pend[q] = s < B && keys[s] == PENDING;
+                    pr[q] = pend[q] ? protect[s] : 0;
+                    st[q] = pend[q] ? stamp[s] : 0;
+                }
+#pragma unroll
+                for (int q = 0; q < UL; ++q) {
+                    const int s = s0 + q * NT;
+                    if (!pend[q]) continue;
+                    const bool cand = pr[q] <= finished_epoch;
+                    keys[s] = cand ? ((unsigned long long)st[q] << 20) | (unsigned)s : ~0ull;
+                    n_cand += cand;
+                }
+            }
+            block_add(&cnt[5], n_cand);
+            __syncthreads();
             nv = min((unsigned)m, (unsigned)cnt[5]);
             if (select_mode == 1 && nv <= SELECT_MAX && nv > 0) {
                 select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal);
@@ -517,35 +538,38 @@ __device__ __forceinline__ void lookup_body(
     __syncthreads();
     TRACE(7);  // summary written, ticket taken
     if (!last) return;
-    // last block: offsets and totals over the batch (batch <= NT), then reset the ticket
+    // last block: offsets and totals over the batch (batch <= NT), then reset the ticket.
+    // Each thread < batch reads its request's summary in one go (L2, where the other
+    // blocks' writes are visible after their fence and ticket); sums go through warp
+    // shuffles, one shared atomic per warp (a shared atomic per request and counter
+    // serialized into ~12 us at batch 160).
     TRACE_ANY(24);
     __threadfence();
     i64* copy_off = totals + TOT_COLS;
     i64* stage_off = copy_off + batch + 1;
-    const volatile i64* vs = summary;
-    unsigned mm = 0, st = 0;
+    unsigned f[SCOLS];
+#pragma unroll
+    for (int c = 0; c < SCOLS; ++c) f[c] = 0u;
     if (threadIdx.x < batch) {
-        mm = (unsigned)vs[threadIdx.x * SCOLS + S_M];
-        st = mm - (unsigned)vs[threadIdx.x * SCOLS + S_NV];
+        const i64* sm = summary + threadIdx.x * SCOLS;
+#pragma unroll
+        for (int c = 0; c < SCOLS; ++c) f[c] = (unsigned)__ldcg(sm + c);
     }
+    if (threadIdx.x < 8) cnt[threadIdx.x] = 0ull;
     unsigned tot_m, tot_s;
-    const unsigned om = block_scan(mm, tmp, &tot_m);
-    const unsigned os = block_scan(st, tmp, &tot_s);
+    const unsigned om = block_scan(f[S_M], tmp, &tot_m);  // syncs (orders the reset too)
+    const unsigned os = block_scan(f[S_M] - f[S_NV], tmp, &tot_s);
     if (threadIdx.x < batch) {
         copy_off[threadIdx.x] = om;
         stage_off[threadIdx.x] = os;
     }
-    if (threadIdx.x < 8) cnt[threadIdx.x] = 0ull;
-    __syncthreads();
-    if (threadIdx.x < batch) {
-        const volatile i64* sm = vs + threadIdx.x * SCOLS;
-        atomicOr(&cnt[0], (unsigned long long)sm[S_STATUS]);
-        atomicAdd(&cnt[1], (unsigned long long)sm[S_TAIL]);
-        atomicAdd(&cnt[2], (unsigned long long)sm[S_OPT]);
-        atomicAdd(&cnt[3], (unsigned long long)sm[S_HOT]);
-        atomicAdd(&cnt[4], (unsigned long long)sm[S_HOST]);
-        atomicAdd(&cnt[5], (unsigned long long)sm[S_DIRECT]);
-    }
+    const unsigned st_or = __reduce_or_sync(0xffffffffu, f[S_STATUS]);
+    if ((threadIdx.x & 31) == 0 && st_or) atomicOr(&cnt[0], (unsigned long long)st_or);
+    block_add(&cnt[1], f[S_TAIL]);
+    block_add(&cnt[2], f[S_OPT]);
+    block_add(&cnt[3], f[S_HOT]);
+    block_add(&cnt[4], f[S_HOST]);
+    block_add(&cnt[5], f[S_DIRECT]);
     __syncthreads();
     if (threadIdx.x == 0) {
         copy_off[batch] = tot_m;
