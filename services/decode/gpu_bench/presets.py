@@ -28,7 +28,8 @@ class Plan:
 
     serve: BenchSettings
     load_step: LoadStepSettings
-    hot_caches: list[int] = field(default_factory=list)     # B values (k … 8k)
+    hot_caches: list[int] = field(default_factory=list)     # B values (k … 8k) besides
+    #                                                         the serve sweep's own B
     hot_loads: list[int] = field(default_factory=list)      # C values of the B sweep
     hot_policies: list[str] = field(default_factory=lambda: ["hisparse", "adaptive"])
     profile_concurrency: int = 32
@@ -62,7 +63,7 @@ def h200_plan(output_len: int = 24, concurrency: str = H200_CONCURRENCY,
     serve = BenchSettings(**c, requests=2 * max(int(x) for x in concurrency.split(",")))
     step = LoadStepSettings(**{**c, "concurrency": "4,32,4"}, policy="adaptive,hisparse",
                             phase_requests=8)
-    return Plan(serve, step, hot_caches=[2048, 4096, 8192, 16384], hot_loads=[4, 32],
+    return Plan(serve, step, hot_caches=[2048, 8192, 16384], hot_loads=[4, 32],
                 requests_per_c=1.5, point_s=point_s)
 
 

@@ -100,8 +100,12 @@ class Results:
                                   self.data["phase_starts"],
                                   self.plan.load_step.concurrencies,
                                   f"load step · {self.title}")
-        if self.data["hot_cache"]:
-            plot_hot_cache(self.path("hot_cache.png"), self.data["hot_cache"],
+        if self.data["hot_cache"]:  # + the serve sweep's own B at the same loads
+            plan = self.plan
+            rows = self.data["hot_cache"] + [
+                r for r in serve if r["concurrency"] in plan.hot_loads  # type: ignore[union-attr]
+                and r["policy"] in plan.hot_policies]
+            plot_hot_cache(self.path("hot_cache.png"), rows,
                            f"hot-cache budget · {self.title}")
 
 
@@ -178,18 +182,18 @@ def points(plan: Plan, shared: Shared, fused: bool, res: Results, policies: list
             res.save()
         return run
 
-    # profiles of non-speculative policies first (cheap, explain every figure), then the
-    # serve sweep; the speculative profile last (its 2026-11-29 run outlasted the budget)
+    # profiles of non-speculative policies first (cheap, explain every figure); then the
+    # serve sweep of the non-speculative policies over every C (the crossover figure
+    # survives a budget the slower speculative points would exhaust), the load step, the
+    # speculative serve points, the hot-cache sweep; the speculative profile last
     out = [(f"warm {p}", lambda p=p: warm_up(s, p, shared, fused)) for p in policies]
     spec = [p for p in plan.profile_policies if "spec" in p]
     out += [(f"profile {p}", profile(p)) for p in plan.profile_policies if p not in spec]
-    # non-speculative policies over every C first: the crossover figure survives a budget
-    # that the (slower) speculative points would exhaust
     plain = [p for p in policies if "spec" not in p]
     out += [(f"serve {p} C{c}", serve(p, c)) for c in s.concurrencies for p in plain]
+    out += [(f"load-step {p}", arm(p)) for p in plan.load_step.policies]
     out += [(f"serve {p} C{c}", serve(p, c)) for c in s.concurrencies for p in policies
             if p not in plain]
-    out += [(f"load-step {p}", arm(p)) for p in plan.load_step.policies]
     for c in plan.hot_loads:
         for b in plan.hot_caches:
             hs = with_hot_cache(s, b)
