@@ -433,13 +433,13 @@ def _acquire_staging(
     ascending rows), and hand the kernel those rows in that order."""
     if staged == 0:
         return torch.empty(1, dtype=torch.int64, device=group.device)
-    summary, misses = ws.summary[:batch].cpu(), ws.misses[:batch].cpu()
-    locs: list[int] = []
+    summary, misses = ws.summary[:batch].cpu().tolist(), ws.misses[:batch].cpu()
+    locs: list[torch.Tensor] = []
     for b, rid in enumerate(request_ids):
-        m, nv = int(summary[b, S_M]), int(summary[b, S_NV])
+        m, nv = summary[b][S_M], summary[b][S_NV]
         if m > nv:
-            locs += group.staging.acquire(rid, misses[b, nv:m].tolist(), epoch)
-    return torch.tensor(locs, dtype=torch.int64).to(group.device)
+            locs.append(group.staging.acquire(rid, misses[b, nv:m], epoch))
+    return torch.cat(locs).to(group.device)
 
 
 def _pinned(t: torch.Tensor) -> bool:

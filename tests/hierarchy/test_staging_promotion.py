@@ -46,7 +46,8 @@ def _staged_group(data, device: str = "cpu") -> Harness:
 
 
 def _one_by_one(g) -> int:
-    entries = g.staging.release(g.finished_epoch)
+    entries = g.staging.entries()
+    g.staging.release(g.finished_epoch)
     return sum(_promote_one(g, g.requests[e.request_id], e) for e in entries
                if g.requests[e.request_id].hot_rows.numel())
 
@@ -83,3 +84,51 @@ def test_a_run_takes_eligible_slots_in_lru_order_until_they_run_out() -> None:
     assert s.hot_stamp.tolist() == [5, 5, 5, 5]
     for p, w in zip(g.payloads, want, strict=True):
         assert torch.equal(p[s.hot_locs[[1, 3, 0]]], w[:3])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["acquire", "release", "drop"]),
+                          st.sampled_from(["a", "b"]), st.integers(0, 5), st.integers(1, 4)),
+                max_size=30))
+def test_arena_is_a_fifo_free_queue_with_staged_rows_in_acquisition_order(ops) -> None:
+    """The tensor arena against the plain model: a deque of free rows (acquire pops
+    left, release appends right) and a dict of staged rows in acquisition order."""
+    from collections import deque
+
+    from services.common.errors import FailedPrecondition, ResourceExhausted
+    from services.decode.hierarchy.staging import StagingArena
+
+    arena, free, staged = StagingArena(100, 8), deque(range(100, 108)), {}
+    for i, (op, rid, epoch, n) in enumerate(ops):
+        if op == "acquire":
+            rows = [10 * i + j for j in range(n)]
+            if n > len(free):
+                try:
+                    arena.acquire(rid, rows, epoch)
+                    raise AssertionError("acquire beyond the free rows succeeded")
+                except ResourceExhausted:
+                    continue
+            locs = arena.acquire(rid, rows, epoch).tolist()
+            want = [free.popleft() for _ in rows]
+            assert locs == want
+            staged.update({loc: (rid, r, epoch) for loc, r in zip(locs, rows, strict=True)})
+        elif op == "release":
+            if max((e for _, _, e in staged.values()), default=0) > epoch:
+                try:
+                    arena.release(epoch)
+                    raise AssertionError("release with readers pending succeeded")
+                except FailedPrecondition:
+                    continue
+            arena.release(epoch)
+            free.extend(staged)
+            staged.clear()
+        else:
+            arena.drop_request(rid)
+            gone = [loc for loc, (r, _, _) in staged.items() if r == rid]
+            free.extend(gone)
+            for loc in gone:
+                del staged[loc]
+        assert arena.free_locs == list(free)
+        assert {loc: (e.request_id, e.row, e.epoch) for loc, e in arena.staged.items()} == staged
+        assert list(arena.staged) == list(staged)
+        assert sorted(arena.all_locs()) == list(range(100, 108))

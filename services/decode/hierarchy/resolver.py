@@ -243,13 +243,8 @@ def _commit_lookup(
     state.hot_stamp[touched] = epoch
     state.hot_protect[touched] = epoch
     staged_rows = lu.misses[n_hot:]
-    staged_locs = group.staging.acquire(state.request_id, staged_rows.tolist(), epoch)
-    dst = torch.cat(
-        [
-            state.hot_locs[lu.victims],
-            torch.tensor(staged_locs, dtype=torch.int64, device=group.device),
-        ]
-    )
+    staged_locs = group.staging.acquire(state.request_id, staged_rows, epoch)
+    dst = torch.cat([state.hot_locs[lu.victims], staged_locs.to(group.device)])
     # locations of every distinct row, aligned with need, then scattered to the entries
     need_loc = torch.empty_like(lu.need)
     hit = lu.need_hit_slot >= 0

@@ -30,7 +30,7 @@ staged row's epoch and that do not already hold the row.
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,62 +53,112 @@ class StagedRow:
     owner: str = ""  # source group that staged it (shared arenas)
 
 
+@dataclass(frozen=True, slots=True)
+class StagedBlock:
+    """One acquisition: a resolve's staged rows of one request (ascending source rows)."""
+
+    request_id: str
+    epoch: int
+    owner: str
+    rows: torch.Tensor  # int64 [n] (CPU) source rows
+    locs: torch.Tensor  # int64 [n] (CPU) arena rows, in the same order
+
+
 class StagingArena:
-    """Pool rows ``base_row .. base_row + capacity - 1`` with a free list."""
+    """Pool rows ``base_row .. base_row + capacity - 1``: a FIFO free queue (acquire takes
+    from its head, release appends at its tail) and the staged rows as blocks in
+    acquisition order. Kept in tensors, not per row: a speculative round can stage
+    thousands of rows per request, and per-row Python objects cost seconds per round."""
 
     def __init__(self, base_row: int, capacity: int) -> None:
         self.base_row = base_row
         self.capacity = capacity
-        self.free_locs: deque[int] = deque(range(base_row, base_row + capacity))
-        self.staged: dict[int, StagedRow] = {}  # loc -> entry, in acquisition order
+        self._ring = torch.arange(base_row, base_row + capacity, dtype=torch.int64)
+        self._head = 0
+        self._free = capacity
+        self.blocks: list[StagedBlock] = []
+
+    # -- free queue ---------------------------------------------------------------------------
+    def _take(self, n: int) -> torch.Tensor:
+        idx = (self._head + torch.arange(n)) % max(self.capacity, 1)
+        out = self._ring[idx]
+        self._head = (self._head + n) % max(self.capacity, 1)
+        self._free -= n
+        return out
+
+    def _give(self, locs: torch.Tensor) -> None:
+        n = locs.numel()
+        idx = (self._head + self._free + torch.arange(n)) % max(self.capacity, 1)
+        self._ring[idx] = locs
+        self._free += n
+
+    @property
+    def free_locs(self) -> list[int]:
+        """Free arena rows in queue order (a copy)."""
+        return self._ring[(self._head + torch.arange(self._free)) % max(self.capacity, 1)].tolist()
 
     def can_acquire(self, n: int) -> bool:
-        return n <= len(self.free_locs)
+        return n <= self._free
 
-    def acquire(self, request_id: str, rows: list[int], epoch: int,
-                owner: str = "") -> list[int]:
-        if not self.can_acquire(len(rows)):
+    # -- staged rows ----------------------------------------------------------------------------
+    def acquire(self, request_id: str, rows: Sequence[int] | torch.Tensor, epoch: int,
+                owner: str = "") -> torch.Tensor:
+        """Stage ``rows`` (one resolve, one request); returns their arena rows (CPU int64)."""
+        rows = torch.as_tensor(rows, dtype=torch.int64).cpu().flatten()
+        if not self.can_acquire(rows.numel()):
             raise ResourceExhausted(
-                f"staging rows={len(rows)} exceed the free staging rows={len(self.free_locs)} "
+                f"staging rows={rows.numel()} exceed the free staging rows={self._free} "
                 f"(staging_rows={self.capacity}); release staging or raise staging_rows"
             )
-        locs = [self.free_locs.popleft() for _ in rows]
-        for row, loc in zip(rows, locs, strict=True):
-            self.staged[loc] = StagedRow(request_id, row, loc, epoch, owner)
+        locs = self._take(rows.numel())
+        if rows.numel():
+            self.blocks.append(StagedBlock(request_id, epoch, owner, rows, locs))
         return locs
 
+    def owned(self, owner: str | None = None) -> list[StagedBlock]:
+        return [b for b in self.blocks if owner is None or b.owner == owner]
+
     def entries(self, owner: str | None = None) -> list[StagedRow]:
-        """Staged rows in acquisition order (of one owner, or all)."""
-        return [e for e in self.staged.values() if owner is None or e.owner == owner]
+        """Staged rows in acquisition order (of one owner, or all): one object per row,
+        for checks and tests."""
+        return [StagedRow(b.request_id, r, loc, b.epoch, b.owner)
+                for b in self.owned(owner)
+                for r, loc in zip(b.rows.tolist(), b.locs.tolist(), strict=True)]
+
+    @property
+    def staged(self) -> dict[int, StagedRow]:
+        """loc -> staged row, in acquisition order (a copy)."""
+        return {e.loc: e for e in self.entries()}
 
     @property
     def max_epoch(self) -> int:
-        return max((e.epoch for e in self.staged.values()), default=0)
+        return max((b.epoch for b in self.blocks), default=0)
 
-    def release(self, finished_epoch: int, owner: str | None = None) -> list[StagedRow]:
+    def release(self, finished_epoch: int, owner: str | None = None) -> list[StagedBlock]:
         """Free the staged rows (of ``owner``); FailedPrecondition while readers run."""
-        entries = self.entries(owner)
-        busy = max((e.epoch for e in entries), default=0)
+        mine = self.owned(owner)
+        busy = max((b.epoch for b in mine), default=0)
         if busy > finished_epoch:
             raise FailedPrecondition(
                 f"staged rows of epoch={busy} still have readers "
                 f"(finished_epoch={finished_epoch}); call readers_finished first"
             )
-        for e in entries:
-            del self.staged[e.loc]
-        self.free_locs.extend(e.loc for e in entries)
-        return entries
+        return self._drop(mine)
 
     def drop_request(self, request_id: str, owner: str | None = None) -> None:
         """Free the rows of a released request (its readers finished)."""
-        for e in self.entries(owner):
-            if e.request_id == request_id:
-                del self.staged[e.loc]
-                self.free_locs.append(e.loc)
+        self._drop([b for b in self.owned(owner) if b.request_id == request_id])
+
+    def _drop(self, blocks: list[StagedBlock]) -> list[StagedBlock]:
+        if blocks:
+            gone = {id(b) for b in blocks}
+            self.blocks = [b for b in self.blocks if id(b) not in gone]
+            self._give(torch.cat([b.locs for b in blocks]))
+        return blocks
 
     def all_locs(self) -> list[int]:
         """Every arena row, free or staged (by any owner): the I6 balance check."""
-        return list(self.free_locs) + list(self.staged)
+        return self.free_locs + [loc for b in self.blocks for loc in b.locs.tolist()]
 
 
 class StagingView:
@@ -127,7 +177,7 @@ class StagingView:
         return self.arena.capacity
 
     @property
-    def free_locs(self) -> deque[int]:
+    def free_locs(self) -> list[int]:
         return self.arena.free_locs
 
     @property
@@ -137,14 +187,18 @@ class StagingView:
     def can_acquire(self, n: int) -> bool:
         return self.arena.can_acquire(n)
 
-    def acquire(self, request_id: str, rows: list[int], epoch: int) -> list[int]:
+    def acquire(self, request_id: str, rows: Sequence[int] | torch.Tensor,
+                epoch: int) -> torch.Tensor:
         return self.arena.acquire(request_id, rows, epoch, self.owner)
+
+    def entries(self) -> list[StagedRow]:
+        return self.arena.entries(self.owner)
 
     @property
     def max_epoch(self) -> int:
-        return max((e.epoch for e in self.arena.entries(self.owner)), default=0)
+        return max((b.epoch for b in self.arena.owned(self.owner)), default=0)
 
-    def release(self, finished_epoch: int) -> list[StagedRow]:
+    def release(self, finished_epoch: int) -> list[StagedBlock]:
         return self.arena.release(finished_epoch, self.owner)
 
     def drop_request(self, request_id: str) -> None:
@@ -165,43 +219,35 @@ def release_staging(group: SourceGroup) -> int:
             f"plan of epoch={group.pending_epoch} not applied to payload layers "
             f"{sorted(group.pending_layers)}; apply_copies before release_staging"
         )
-    entries = group.staging.release(group.finished_epoch)
-    promoted, i = 0, 0
-    while i < len(entries):  # runs of one (request, epoch): one resolve's staged rows
-        j = i + 1
-        while (j < len(entries) and entries[j].request_id == entries[i].request_id
-               and entries[j].epoch == entries[i].epoch):
-            j += 1
-        promoted += _promote_run(group, entries[i:j])
-        i = j
-    return promoted
+    return sum(_promote_run(group, block) for block in group.staging.release(group.finished_epoch))
 
 
-def _promote_run(group: SourceGroup, run: list[StagedRow]) -> int:
-    """Promote one resolve's staged rows of one request, all at once.
+def _promote_run(group: SourceGroup, block: StagedBlock) -> int:
+    """Promote one acquisition (one resolve's staged rows of one request) at once.
 
-    Equal to promoting them one by one (``_promote_one``): the rows of one resolve are
-    distinct misses, so none is held by a slot; a promoted slot takes the run's epoch as
+    Equal to promoting its rows one by one (``_promote_one``): the rows of one resolve are
+    distinct misses, so none is held by a slot; a promoted slot takes the block's epoch as
     its stamp and so leaves the eligible set (stamp < epoch), which makes the i-th row take
     the i-th eligible slot in LRU order, until the eligible slots run out. Where that
     premise fails (a row repeated or already held) the rows go one by one.
     """
-    state = group.requests.get(run[0].request_id)
+    state = group.requests.get(block.request_id)
     if state is None or state.hot_rows.numel() == 0:
         return 0
-    epoch, dev = run[0].epoch, state.hot_rows.device
-    rows = torch.tensor([e.row for e in run], dtype=torch.int64, device=dev)
+    epoch, dev = block.epoch, state.hot_rows.device
+    rows = block.rows.to(dev, non_blocking=True)
     held = torch.isin(rows, state.hot_rows).any()
     eligible = (state.hot_stamp < epoch) & (state.hot_protect <= group.finished_epoch)
     slots = lru_order(state.hot_stamp, eligible)  # one device read (nonzero)
-    if len({e.row for e in run}) != len(run) or bool(held):
-        return sum(_promote_one(group, state, e) for e in run)
-    n = min(len(run), int(slots.numel()))
+    if block.rows.unique().numel() != block.rows.numel() or bool(held):
+        return sum(_promote_one(group, state, StagedRow(block.request_id, r, loc, epoch))
+                   for r, loc in zip(block.rows.tolist(), block.locs.tolist(), strict=True))
+    n = min(block.rows.numel(), int(slots.numel()))
     if n == 0:
         return 0
     slots = slots[:n]
     dst = state.hot_locs[slots]
-    src = torch.tensor([e.loc for e in run[:n]], dtype=torch.int64, device=dev)
+    src = block.locs[:n].to(dev, non_blocking=True)
     for payload in group.payloads:
         payload[dst] = payload[src]
     state.hot_rows[slots] = rows[:n]
