@@ -11,7 +11,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,20 +18,10 @@ from typing import Any
 
 import torch
 
+from services.decode.bench.report import git_sha
+
 FLUSH_BYTES = 256 << 20
 SPIN_CYCLES = 1_000_000  # ~0.5 ms at 1.98 GHz: longer than any host launch sequence here
-
-
-def git_sha() -> str:
-    try:
-        return subprocess.check_output(
-            ["git", "rev-parse", "--short", "HEAD"],
-            text=True,
-            cwd=Path(__file__).parent,
-            stderr=subprocess.DEVNULL,
-        ).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("DHISPARSE_GIT_SHA", "unknown")
 
 
 def environment() -> dict[str, Any]:

@@ -15,13 +15,14 @@ if [ "$PEER" = 1 ]; then
  && cd /tmp/site && python3 -m zipfile -e "$OLDPWD"/.peer/whl/sglang-0.5.23*.whl .) \
   > "$OUT/peer_install.log" 2>&1 &
 fi
-nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+# at most 8 files come back from $OUT: the GPU's name heads the test log
+nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/pytest_gpu.log" 2>&1
 timeout "$TESTS_S" python3 -m pytest -q -p no:cacheprovider --timeout 120 -W ignore::DeprecationWarning \
   tests/kernels tests/engine/test_gpu.py tests/hierarchy -m gpu --ignore tests/hierarchy/test_state_machine.py \
-  2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
+  2>&1 | tee -a "$OUT/pytest_gpu.log" | tail -25
 # the hypothesis state machine on CUDA last, under its own cap (slow: one sync per check)
 timeout "$STATE_S" python3 -m pytest -q -p no:cacheprovider --timeout 120 -W ignore::DeprecationWarning \
-  tests/hierarchy/test_state_machine.py -m gpu 2>&1 | tee "$OUT/pytest_state_machine.log" | tail -4
+  tests/hierarchy/test_state_machine.py -m gpu 2>&1 | tee -a "$OUT/pytest_gpu.log" | tail -4
 wait
 timeout "$BENCH_S" python3 -m bench.bench_resolver --out "$OUT/resolver_h200.json" --reps 20 --wall-reps 5 \
   2>&1 | tee "$OUT/bench.log" | tail -30

@@ -138,3 +138,14 @@ def test_bad_input_exits_2_with_one_line(name: str) -> None:
 
     result = CliRunner().invoke(app, ["bench", *BAD[name][0]])
     check_one_line(name, result.exit_code, result.stdout, result.stderr)
+
+
+def test_results_name_the_commit_given_by_the_environment_over_a_stale_checkout(
+        monkeypatch) -> None:
+    """The device machine's tree can carry an old .git: DHISPARSE_GIT_SHA wins when set."""
+    from services.decode.bench.report import git_sha
+
+    monkeypatch.setenv("DHISPARSE_GIT_SHA", "feedbee")
+    assert git_sha() == "feedbee"
+    monkeypatch.delenv("DHISPARSE_GIT_SHA")
+    assert git_sha() != "feedbee"

@@ -26,12 +26,16 @@ COLORS = {"resident": "tab:gray", "hisparse": "tab:blue", "adaptive": "tab:green
 
 
 def git_sha() -> str:
+    """``DHISPARSE_GIT_SHA`` when set (the device machine's copy of the tree may carry a
+    stale .git), else the checkout's HEAD, else "unknown"."""
+    if os.environ.get("DHISPARSE_GIT_SHA"):
+        return os.environ["DHISPARSE_GIT_SHA"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
                                        cwd=Path(__file__).parent,
                                        stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("DHISPARSE_GIT_SHA", "unknown")
+        return "unknown"
 
 
 def machine() -> dict[str, object]:
