@@ -139,10 +139,14 @@ def profile_step(settings: BenchSettings, policy: str, c: int, shared: Shared, f
 
 
 def run_all(points: list[tuple[str, Callable[[], object]]], deadline: float,
-            log: Callable[[str], None]) -> None:
+            log: Callable[[str], None],
+            on_point: Callable[[str], None] | None = None) -> None:
     """Run ``(name, thunk)`` in order while time is left; a failing point is logged and
-    skipped, not fatal (partial results survive)."""
+    skipped, not fatal (partial results survive). ``on_point(name)`` before each point
+    (progress display)."""
     for name, thunk in points:
+        if on_point is not None:
+            on_point(name)
         left = deadline - time.perf_counter()
         if left <= 0:
             log(f"skip {name}: out of time")

@@ -202,6 +202,15 @@ def points(plan: Plan, shared: Shared, fused: bool, res: Results, policies: list
     return out + [(f"profile {p}", profile(p)) for p in spec]
 
 
+def progress():
+    """A transient rich progress bar on stderr (the log lines stay on stdout)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -233,7 +242,11 @@ def main() -> None:
     if a.only:
         keep = tuple(x.strip() for x in a.only.split(","))
         todo = [(n, f) for n, f in todo if n.startswith(keep)]
-    run_all(todo, deadline, res.log)
+    with progress() as bar:  # points done / planned, the running point's name
+        task, started = bar.add_task("sweep", total=len(todo)), iter(range(len(todo)))
+        run_all(todo, deadline, res.log, on_point=lambda name: bar.update(
+            task, completed=next(started), description=name))
+        bar.update(task, completed=len(todo))
     res.save()
     res.log("sweep finished")
     res.save()
