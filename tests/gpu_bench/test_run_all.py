@@ -21,3 +21,17 @@ def test_points_run_in_order_failures_and_late_points_are_logged_not_fatal() -> 
     ran.clear()
     run_all(points, time.perf_counter() - 1, log.append)
     assert ran == [] and log[-1] == "skip c: out of time"
+
+
+def test_stage_times_merge_the_cpu_and_gpu_annotations_of_one_stage() -> None:
+    """With CUDA the profiler lists a stage twice (CPU annotation: host time; GPU
+    annotation: device span); keeping only the last one lost the host time."""
+    from types import SimpleNamespace as E
+
+    from services.decode.gpu_bench.runner import stage_times
+
+    events = [E(key="resolver", device_time_total=0.0, cpu_time_total=4000.0, count=16),
+              E(key="resolver", device_time_total=9000.0, cpu_time_total=0.0, count=16),
+              E(key="aten::mm", device_time_total=5.0, cpu_time_total=5.0, count=1)]
+    assert stage_times(events, 2) == {
+        "resolver": {"device_ms": 4.5, "host_ms": 2.0, "calls": 8.0}}

@@ -114,13 +114,7 @@ def profile_step(settings: BenchSettings, policy: str, c: int, shared: Shared, f
         sync(settings.device)
         wall = (time.perf_counter() - t0) / steps
     events = prof.key_averages()
-    stages: dict[str, dict[str, float]] = {}
-    for ev in events:
-        if ev.key in STAGES:
-            dev = getattr(ev, "device_time_total", getattr(ev, "cuda_time_total", 0.0))
-            stages[ev.key] = {"device_ms": dev / 1e3 / steps,
-                              "host_ms": ev.cpu_time_total / 1e3 / steps,
-                              "calls": ev.count / steps}
+    stages = stage_times(events, steps)
     # stage ranges appear as GPU annotations (spans, idle gaps included): not kernels
     busy = [ev for ev in events
             if getattr(ev, "self_device_time_total", 0) > 0 and ev.key not in STAGES]
@@ -136,6 +130,22 @@ def profile_step(settings: BenchSettings, policy: str, c: int, shared: Shared, f
     del engine, prof
     release(settings.device)
     return out
+
+
+def stage_times(events, steps: int) -> dict[str, dict[str, float]]:
+    """Per-stage device and host ms per step from profiler averages. With CUDA a stage's
+    range appears twice under one name: the CPU-side annotation (host time) and the GPU-side
+    one (device span); both are summed into one entry, not the last one kept."""
+    stages: dict[str, dict[str, float]] = {}
+    for ev in events:
+        if ev.key not in STAGES:
+            continue
+        dev = getattr(ev, "device_time_total", getattr(ev, "cuda_time_total", 0.0))
+        row = stages.setdefault(ev.key, {"device_ms": 0.0, "host_ms": 0.0, "calls": 0.0})
+        row["device_ms"] += dev / 1e3 / steps
+        row["host_ms"] += ev.cpu_time_total / 1e3 / steps
+        row["calls"] = max(row["calls"], ev.count / steps)
+    return stages
 
 
 def run_all(points: list[tuple[str, Callable[[], object]]], deadline: float,
