@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.decode.hierarchy import release_staging
-from services.decode.hierarchy.staging import _promote_one
+from services.decode.hierarchy.promotion import _promote_one
 
 from .harness import Harness
 

@@ -26,8 +26,8 @@ from services.decode.hierarchy import Hierarchy, SelectionCounts, open_rows
 from services.decode.hierarchy import apply_copies as ref_apply_copies
 from services.decode.hierarchy import resolve as ref_resolve
 from services.decode.hierarchy.pages import device_ints, open_rows_batch
+from services.decode.hierarchy.promotion import release_staging
 from services.decode.hierarchy.resolver import ResolvePlan
-from services.decode.hierarchy.staging import release_staging
 
 
 class HierarchyKV:

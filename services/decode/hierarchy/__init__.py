@@ -65,9 +65,10 @@ from .pages import (
     release,
     retire,
 )
+from .promotion import release_staging
 from .request import RequestState, lru_order
 from .resolver import ResolvePlan, apply_copies, resolve
-from .staging import StagedRow, StagingArena, release_staging
+from .staging import StagedRow, StagingArena
 from .worker import Hierarchy
 
 __all__ = [

@@ -22,7 +22,7 @@ Life of a staged row (paper §3.4)::
         promote: copy staged row -> an LRU hot slot not used since before that epoch
         release: the arena row is free again
 
-Promotion is deterministic (kernels reproduce it): requests in acquisition order, each
+Promotion (``promotion.py``) is deterministic: requests in acquisition order, each
 request's staged rows in acquisition order (ascending source row within one resolve),
 victim slots by (stamp, slot index) ascending among slots whose stamp is older than the
 staged row's epoch and that do not already hold the row.
@@ -32,16 +32,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from services.common.errors import FailedPrecondition, ResourceExhausted
-
-from .request import lru_order
-
-if TYPE_CHECKING:
-    from .group import SourceGroup
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,64 +200,3 @@ class StagingView:
 
     def all_locs(self) -> list[int]:
         return self.arena.all_locs()
-
-
-def release_staging(group: SourceGroup) -> int:
-    """Promote staged rows into hot slots, then free the arena. Returns rows promoted.
-
-    Needs every reader of the staged epochs finished and every plan applied to all payload
-    layers (FailedPrecondition otherwise; nothing changed).
-    """
-    if group.pending_layers:
-        raise FailedPrecondition(
-            f"plan of epoch={group.pending_epoch} not applied to payload layers "
-            f"{sorted(group.pending_layers)}; apply_copies before release_staging"
-        )
-    return sum(_promote_run(group, block) for block in group.staging.release(group.finished_epoch))
-
-
-def _promote_run(group: SourceGroup, block: StagedBlock) -> int:
-    """Promote one acquisition (one resolve's staged rows of one request) at once.
-
-    Equal to promoting its rows one by one (``_promote_one``): the rows of one resolve are
-    distinct misses, so none is held by a slot; a promoted slot takes the block's epoch as
-    its stamp and so leaves the eligible set (stamp < epoch), which makes the i-th row take
-    the i-th eligible slot in LRU order, until the eligible slots run out. Where that
-    premise fails (a row repeated or already held) the rows go one by one.
-    """
-    state = group.requests.get(block.request_id)
-    if state is None or state.hot_rows.numel() == 0:
-        return 0
-    epoch, dev = block.epoch, state.hot_rows.device
-    rows = block.rows.to(dev, non_blocking=True)
-    held = torch.isin(rows, state.hot_rows).any()
-    eligible = (state.hot_stamp < epoch) & (state.hot_protect <= group.finished_epoch)
-    slots = lru_order(state.hot_stamp, eligible)  # one device read (nonzero)
-    if block.rows.unique().numel() != block.rows.numel() or bool(held):
-        return sum(_promote_one(group, state, StagedRow(block.request_id, r, loc, epoch))
-                   for r, loc in zip(block.rows.tolist(), block.locs.tolist(), strict=True))
-    n = min(block.rows.numel(), int(slots.numel()))
-    if n == 0:
-        return 0
-    slots = slots[:n]
-    dst = state.hot_locs[slots]
-    src = block.locs[:n].to(dev, non_blocking=True)
-    for payload in group.payloads:
-        payload[dst] = payload[src]
-    state.hot_rows[slots] = rows[:n]
-    state.hot_stamp[slots] = epoch
-    return n
-
-
-def _promote_one(group: SourceGroup, state, entry: StagedRow) -> int:
-    """The definition: ``entry``'s row into the LRU-first eligible slot not holding it."""
-    eligible = (state.hot_stamp < entry.epoch) & (state.hot_protect <= group.finished_epoch)
-    if bool((state.hot_rows == entry.row).any()) or not bool(eligible.any()):
-        return 0
-    slot = lru_order(state.hot_stamp, eligible)[0]
-    dst = state.hot_locs[slot]
-    for payload in group.payloads:
-        payload[dst] = payload[entry.loc]
-    state.hot_rows[slot] = entry.row
-    state.hot_stamp[slot] = entry.epoch
-    return 1
