@@ -42,10 +42,12 @@ def check_engine(engine: Engine) -> None:
     core = engine.admission.core
     check_all(core)
     ledger = core.workers[engine.admission.worker_id]
+    deferred = {c.request_id: c.pages for c in engine.deferred_populates}
     for rid in engine.running:
         entry = core.requests[rid]
-        for group in engine.hierarchy.groups.values():
-            assert optional_pages(group, rid) == entry.allocated, (rid, entry)
+        for group in engine.hierarchy.groups.values():  # a paced Populate is reserved only
+            assert optional_pages(group, rid) == entry.allocated - deferred.get(rid, 0), (
+                rid, entry)
     for group in engine.hierarchy.groups.values():
         used = group.pages.count("required") + group.pages.count("optional")
         assert used <= ledger.spec.capacity_pages - ledger.spec.reserve_pages
