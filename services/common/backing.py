@@ -51,7 +51,8 @@ class HostBacking(Protocol):
         ...
 
     def write(self, start: int, data: torch.Tensor) -> None:
-        """Copy ``uint8 [n, row_bytes]`` rows into host rows ``start .. start+n-1``.
+        """Copy ``uint8 [n, row_bytes]`` rows (on any device: device rows are copied by DMA
+        straight into the mapping) into host rows ``start .. start+n-1``.
 
         Does not mark them backed. Raises ``InvalidArgument`` for a bad range or shape.
         """

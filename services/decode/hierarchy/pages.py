@@ -158,7 +158,7 @@ def _place_history(
         )
         backings = state.backings
         if backings and not bool(backings[layer].backed_mask()[on_device:boundary].all()):
-            backings[layer].write(on_device, src[on_device:boundary].cpu())
+            backings[layer].write(on_device, src[on_device:boundary])  # device rows: one DMA
     if boundary > on_device:
         for backing in state.backings:  # commit after every layer's bytes landed (I4)
             backing.commit(on_device, boundary)
