@@ -84,7 +84,7 @@ def command(
     """Fused resolver vs the memcpy ceiling and SGLang HiSparse's kernel (JSON + table)."""
     args = dict(locals())
     rec = {
-        "what": "dhisparse fused resolver (kernels/resolver.cu), sync-free path: "
+        "what": "dhisparse fused resolver (kernels/resolver_*.cu), sync-free path: "
         "lookup + commit/copy",
         "env": environment()
         | {

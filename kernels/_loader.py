@@ -8,6 +8,7 @@ inside functions, so ``import kernels`` works on a machine without it.
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,23 @@ from services.common.errors import InvalidArgument
 
 HERE = Path(__file__).resolve().parent
 OPTIONS = ("-std=c++17",)
+# modules kept in several files, compiled as one source in this order
+SOURCES = {"resolver": ("resolver_common.cuh", "resolver_lookup.cu", "resolver_commit.cu")}
+_LOCAL_INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
+
+
+def source(name: str) -> str:
+    """The NVRTC source of module ``name``: ``kernels/<name>.cu``, or its parts (``SOURCES``)
+    joined in order with each part's ``#include`` of a sibling part dropped (the parts
+    include their header so that ``nvcc -cubin kernels/<part>.cu`` checks each alone)."""
+    parts = SOURCES.get(name, (f"{name}.cu",))
+    lines: list[str] = []
+    for part in parts:
+        for line in (HERE / part).read_text().splitlines():
+            m = _LOCAL_INCLUDE.match(line)
+            if m is None or m.group(1) not in parts:
+                lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 @functools.cache
@@ -27,8 +45,7 @@ def module(name: str, device: int, defines: tuple[str, ...] = ()) -> Any:
     import cupy
 
     with cupy.cuda.Device(device):
-        return cupy.RawModule(code=(HERE / f"{name}.cu").read_text(),
-                              options=OPTIONS + tuple(defines))
+        return cupy.RawModule(code=source(name), options=OPTIONS + tuple(defines))
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""Fused CUDA resolver over ``services.decode.hierarchy``'s layout (see resolver.cu).
+"""Fused CUDA resolver over ``services.decode.hierarchy``'s layout (kernels: resolver_common.cuh,
+resolver_lookup.cu, resolver_commit.cu).
 
 Two layers of API:
 
@@ -38,18 +39,18 @@ from ._loader import (
     vec_width,
 )
 
-T_COLS, S_COLS, TOT_COLS = 9, 10, 9  # table / summary / totals columns (resolver.cu enums)
+T_COLS, S_COLS, TOT_COLS = 9, 10, 9  # table / summary / totals columns (resolver_common.cuh enums)
 S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 ST_SELECTION, ST_NOT_RESIDENT, ST_STAGING = 1 | 2 | 4 | 16, 8, 32
 LOOKUP_THREADS, COMMIT_THREADS = 1024, 512
-SORT_N = 4096  # resolver.cu: B <= 4096 sorts in registers; larger B in shared memory
+SORT_N = 4096  # resolver_lookup.cu: B <= 4096 sorts in registers; larger B in shared memory
 COPY_BLOCKS_PER_SM = 2  # __launch_bounds__(512, 2): 64 registers (52 B spill, ptxas -v)
 MAX_BATCH, MAX_ENTRIES, MAX_SLOTS = (
     1024,
     65535,
     1 << 20,
-)  # resolver.cu: MAXB, u16 ranks, 20-bit slot keys
+)  # resolver kernels: MAXB, u16 ranks, 20-bit slot keys
 
 
 VICTIM_SELECT = {"sort": 0, "radix": 1}
@@ -70,7 +71,7 @@ LOOKUP_BLOCKS = ("auto", "1", "2")
 
 
 def defines() -> tuple[str, ...]:
-    """Compile-time variant of resolver.cu: ``DHISPARSE_RESOLVER_TRACE=1`` builds the phase
+    """Compile-time variant of the resolver kernels: ``DHISPARSE_RESOLVER_TRACE=1`` builds the phase
     trace in (``bench/resolver/trace.py`` reads it); same results, a few stores more."""
     value = os.environ.get("DHISPARSE_RESOLVER_TRACE", "0")
     if value not in ("0", "1"):
@@ -145,7 +146,7 @@ def lookup(
     select: how victims are ordered, "radix" (radix select of the nv oldest, nv <= 1024)
     or "sort" (bitonic sort of every slot key); both give the reference's order.
 
-    table: int64 [batch, 9] per request (resolver.cu T_* columns); rows_bound: every row
+    table: int64 [batch, 9] per request (resolver_common.cuh T_* columns); rows_bound: every row
     needing steps 2-3 is below it (max tail_lo of the batch).
     """
     check("table", table, torch.int64, 2, "cuda")

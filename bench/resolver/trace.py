@@ -7,7 +7,7 @@
    evicted, within one 2 MB page and one page per hop (address translation misses).
 2. The resolver built with ``DHISPARSE_RESOLVER_TRACE=1``: %globaltimer stamps at the phase
    boundaries of one lookup block, the last lookup block and one commit block (slots of
-   resolver.cu's ``TRACE``), on the benchmark's cases (hit100 / miss2, 656 B rows,
+   resolver_common.cuh's ``TRACE``), on the benchmark's cases (hit100 / miss2, 656 B rows,
    top_k 2048, B 4096, 100K-row requests), beside the event time of the same calls and of
    each launch alone.
 """
@@ -32,7 +32,7 @@ extern "C" __global__ void chase(const long long* buf, int n, long long* out) {
 }
 """
 
-# phase slots of resolver.cu (lookup block, last block, commit block)
+# phase slots of the resolver kernels (lookup block, last block, commit block)
 LOOKUP_PHASES = ("pass 1", "union prefix", "hot scan", "miss prefix", "pass 2",
                  "misses+victims", "summary+ticket")
 

@@ -1,0 +1,218 @@
+// Launch 2 of the fused resolver (see resolver_common.cuh): commit blocks and miss
+// copies; plus the plan copies of follower payload layers.
+#include "resolver_common.cuh"
+
+// Copy item -> (request, miss index) by binary search over copy offsets in shared memory.
+__device__ __forceinline__ int find_request(const i64* off, int batch, i64 c) {
+    int lo = 0, hi = batch;  // off[lo] <= c < off[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (off[mid] <= c) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+template <int W>
+__device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict__ misses,
+                            const i32* __restrict__ victims, const i64* __restrict__ summary,
+                            const i64* __restrict__ stage_locs, const i64* __restrict__ host_ptrs,
+                            const i64* __restrict__ payload_ptrs, int n_layers, int batch, int Kk, int B,
+                            unsigned row_bytes, const i64* s_off, const i64* s_soff, i64 n_copies,
+                            int cblock, int ncblocks) {
+    using V = typename Vec<W>::T;
+    const unsigned vpr = row_bytes / W;
+    const i64 per_layer = n_copies * vpr, total = per_layer * n_layers;
+    const i64 stride = (i64)ncblocks * blockDim.x;
+
+    for (i64 base = (i64)cblock * blockDim.x + threadIdx.x; base < total; base += stride * U) {
+        V v[U];
+        char* d[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const i64 it = base + u * stride;
+            if (it < total) {
+                const int layer = (int)(it / per_layer);
+                const i64 li = it - layer * per_layer;
+                const i64 c = li / vpr;
+                const unsigned vec = (unsigned)(li - c * vpr);
+                const int b = find_request(s_off, batch, c);
+                const i64 i = c - s_off[b];
+                const i64* sm = summary + (i64)b * SCOLS;
+                const i64 nv = sm[S_NV];
+                const i64 dst = i < nv ? reinterpret_cast<const i64*>(table[(i64)b * TCOLS + T_HOT_LOCS])
+                                                 [victims[(i64)b * B + i]]
+                                           : stage_locs[s_soff[b] + i - nv];
+                const i64 r = misses[(i64)b * Kk + i];
+                const char* src = reinterpret_cast<const char*>(host_ptrs[(i64)layer * batch + b]);
+                v[u] = *reinterpret_cast<const V*>(src + r * row_bytes + (i64)vec * W);
+                d[u] = reinterpret_cast<char*>(payload_ptrs[layer]) + dst * row_bytes + (i64)vec * W;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (base + u * stride < total) *reinterpret_cast<V*>(d[u]) = v[u];
+    }
+}
+
+// grid: [0, batch) commit blocks, [batch, gridDim.x) copy blocks (n_layers may be 0).
+template <int W>
+__device__ void commit_body(const i64* __restrict__ table, const i64* __restrict__ sel,
+                            i64* __restrict__ locs, i64* __restrict__ miss_dst,
+                            const i64* __restrict__ misses, const i32* __restrict__ victims,
+                            const i32* __restrict__ hit_slots, const i64* __restrict__ summary,
+                            i64* __restrict__ totals, const i64* __restrict__ stage_locs,
+                            i64 n_stage_locs, i64* __restrict__ copy_batch, i64* __restrict__ copy_rows,
+                            i64* __restrict__ copy_dst, i64* __restrict__ staged_rows,
+                            const i64* __restrict__ host_ptrs, const i64* __restrict__ payload_ptrs,
+                            int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch) {
+    __shared__ i64 s_off[MAXB + 1], s_soff[MAXB + 1];
+    __shared__ int s_ok;
+    const int Kk = K * k;
+    TRACE(16);
+    if (threadIdx.x == 0) {
+        const i64 staged = totals[R_STAGED];
+        s_ok = totals[R_STATUS] == 0 && staged <= n_stage_locs;
+        if (!s_ok && blockIdx.x == 0 && totals[R_STATUS] == 0) totals[R_STATUS] = ST_STAGING;
+    }
+    __syncthreads();
+    TRACE(17);  // totals read
+    if (!s_ok) return;
+    const i64* copy_off = totals + TOT_COLS;
+    const i64* stage_off = copy_off + batch + 1;
+    if ((int)blockIdx.x >= batch) {
+        const i64 n_copies = totals[R_COPIES];
+        if (n_copies == 0 || n_layers == 0) return;
+        for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
+            s_off[i] = copy_off[i];
+            s_soff[i] = stage_off[i];
+        }
+        __syncthreads();
+        copy_misses<W>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers, batch, Kk,
+                       B, row_bytes, s_off, s_soff, n_copies, blockIdx.x - batch, gridDim.x - batch);
+        return;
+    }
+    const int b = blockIdx.x;
+    const i64* row = table + (i64)b * TCOLS;
+    const i64* sm = summary + (i64)b * SCOLS;
+    if (sm[S_U] == 0) return;  // direct lookup: no LRU change
+    TRACE(18);  // summary read
+    const i64 m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT], off = copy_off[b], soff = stage_off[b];
+    i64* hot_rows = ptr<i64>(row, T_HOT_ROWS);
+    i64* stamp = ptr<i64>(row, T_HOT_STAMP);
+    i64* protect = ptr<i64>(row, T_HOT_PROTECT);
+    const i64* hot_locs = ptr<const i64>(row, T_HOT_LOCS);
+    // loads of a group of U items are issued before their stores (see the lookup passes)
+    for (i64 i0 = threadIdx.x; i0 < m; i0 += blockDim.x * U) {
+        i64 r[U], dst[U];
+        int slot[U];
+#pragma unroll
+        for (int q = 0; q < U; ++q) {
+            const i64 i = i0 + q * blockDim.x;
+            r[q] = i < m ? misses[(i64)b * Kk + i] : 0;
+            slot[q] = i < nv ? victims[(i64)b * B + i] : -1;
+        }
+#pragma unroll
+        for (int q = 0; q < U; ++q) {
+            const i64 i = i0 + q * blockDim.x;
+            dst[q] = slot[q] >= 0 ? hot_locs[slot[q]] : (i < m ? stage_locs[soff + i - nv] : 0);
+        }
+#pragma unroll
+        for (int q = 0; q < U; ++q) {
+            const i64 i = i0 + q * blockDim.x;
+            if (i >= m) continue;
+            if (slot[q] >= 0) {
+                hot_rows[slot[q]] = r[q];
+                stamp[slot[q]] = epoch;
+                protect[slot[q]] = epoch;
+            } else {
+                staged_rows[soff + i - nv] = r[q];
+            }
+            miss_dst[(i64)b * Kk + i] = dst[q];
+            copy_batch[off + i] = b;
+            copy_rows[off + i] = r[q];
+            copy_dst[off + i] = dst[q];
+        }
+    }
+    for (i64 h0 = threadIdx.x; h0 < nhit; h0 += blockDim.x * U) {
+        int slot[U];
+#pragma unroll
+        for (int q = 0; q < U; ++q) slot[q] = h0 + q * blockDim.x < nhit ? hit_slots[(i64)b * B + h0 + q * blockDim.x] : -1;
+#pragma unroll
+        for (int q = 0; q < U; ++q) {
+            if (slot[q] < 0) continue;
+            stamp[slot[q]] = epoch;
+            protect[slot[q]] = epoch;
+        }
+    }
+    TRACE(19);  // victims / hits stamped
+    if (m == 0) return;  // hits only: every location was final after the lookup
+    __syncthreads();
+    i64* l_b = locs + (i64)b * Kk;
+    for (int e0 = threadIdx.x; e0 < Kk; e0 += blockDim.x * U) {
+        i64 l[U], d[U];
+#pragma unroll
+        for (int q = 0; q < U; ++q) l[q] = e0 + q * (int)blockDim.x < Kk ? l_b[e0 + q * blockDim.x] : -1;
+#pragma unroll
+        for (int q = 0; q < U; ++q) d[q] = l[q] < -1 ? miss_dst[(i64)b * Kk + (-2 - l[q])] : 0;
+#pragma unroll
+        for (int q = 0; q < U; ++q)
+            if (l[q] < -1) l_b[e0 + q * blockDim.x] = d[q];
+    }
+}
+
+#define COMMIT(W)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(512, 2) resolve_commit_##W(                                      \
+        const i64* table, const i64* sel, i64* locs, i64* miss_dst, const i64* misses,    \
+        const i32* victims, const i32* hit_slots, const i64* summary, i64* totals,            \
+        const i64* stage_locs, i64 n_stage_locs, i64* copy_batch, i64* copy_rows,             \
+        i64* copy_dst, i64* staged_rows, const i64* host_ptrs, const i64* payload_ptrs,       \
+        int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch) {                    \
+        commit_body<W>(table, sel, locs, miss_dst, misses, victims, hit_slots, summary, totals, stage_locs,   \
+                       n_stage_locs, copy_batch, copy_rows, copy_dst, staged_rows, host_ptrs, payload_ptrs,   \
+                       n_layers, batch, K, k, B, row_bytes, epoch);                                            \
+    }
+COMMIT(16)
+COMMIT(8)
+COMMIT(4)
+
+// apply_copies for one payload layer from a plan's copy list (sorted by (batch, row)):
+// payload[copy_dst[c]] = host(batch c)[copy_rows[c]]; n read from *count (device) so the
+// follower copies of the sync-free path need no host round trip.
+template <int W>
+__device__ void plan_copy_body(char* __restrict__ payload, const i64* __restrict__ copy_batch,
+                               const i64* __restrict__ copy_rows, const i64* __restrict__ copy_dst,
+                               const i64* __restrict__ host_ptrs, const i64* __restrict__ count,
+                               i64 n_fixed, unsigned row_bytes) {
+    using V = typename Vec<W>::T;
+    const unsigned vpr = row_bytes / W;
+    const i64 total = (count ? count[0] : n_fixed) * vpr, stride = (i64)gridDim.x * blockDim.x;
+
+    for (i64 base = (i64)blockIdx.x * blockDim.x + threadIdx.x; base < total; base += stride * U) {
+        V v[U];
+        char* d[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const i64 it = base + u * stride;
+            if (it < total) {
+                const i64 c = it / vpr;
+                const unsigned vec = (unsigned)(it - c * vpr);
+                const char* src = reinterpret_cast<const char*>(host_ptrs[copy_batch[c]]);
+                v[u] = *reinterpret_cast<const V*>(src + copy_rows[c] * row_bytes + (i64)vec * W);
+                d[u] = payload + copy_dst[c] * row_bytes + (i64)vec * W;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (base + u * stride < total) *reinterpret_cast<V*>(d[u]) = v[u];
+    }
+}
+
+#define PLAN_COPY(W)                                                                                        \
+    extern "C" __global__ void plan_copy_##W(char* payload, const i64* copy_batch, const i64* rows, \
+                                             const i64* dst, const i64* host_ptrs,                  \
+                                             const i64* count, i64 n_fixed, unsigned row_bytes) {       \
+        plan_copy_body<W>(payload, copy_batch, rows, dst, host_ptrs, count, n_fixed, row_bytes);            \
+    }
+PLAN_COPY(16)
+PLAN_COPY(8)
+PLAN_COPY(4)

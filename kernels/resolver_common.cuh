@@ -1,0 +1,145 @@
+#ifndef DHISPARSE_RESOLVER_COMMON_CUH
+#define DHISPARSE_RESOLVER_COMMON_CUH
+// Fused resolver (DESIGN 3.2) over services/decode/hierarchy's layout, in two launches.
+//
+//   launch 1  resolve_lookup      grid = batch blocks (one per request), 1024 threads
+//             direct path (tail, ready optional page), union of the remaining rows as a
+//             bitmap over source rows [0, nbits) in shared memory (a set bit = a row some
+//             query needs; ranks by word prefix + popcount give the ascending order of
+//             the union, eq. 6, for free), hot hits found by scanning the B slots against
+//             the bitmap (bounded by B), LRU victims by a bitonic sort of (stamp, slot)
+//             keys of the unprotected, non-hit slots. Mutates nothing: writes per-request
+//             scratch and a summary row; the last block to finish (atomic ticket) sums the
+//             summaries into offsets (copies, staging) and totals.
+//   launch 2  resolve_commit      grid = batch commit blocks + copy blocks
+//             commit block b: victims take the misses (ascending rows), hit and victim
+//             slots get stamp = protect = epoch, staged rows take stage_locs in order,
+//             locations are finished in selection order, the plan's copy list is written.
+//             copy blocks: the union of every request's misses, flattened into 16-byte
+//             items over (layer, request, row, vector) -- i.e. ascending host address
+//             within a request -- spread over all copy blocks, read from mapped host
+//             memory. Nothing is mutated or copied when status != 0 (bad input, staging
+//             arena too small): the host raises with the group unchanged.
+// No host synchronization between or inside the launches.
+// Source layout: resolver_common.cuh (types, table/summary/totals columns, trace,
+// block helpers), resolver_lookup.cu (launch 1), resolver_commit.cu (launch 2, plan
+// copies). kernels/_loader.py compiles the three as one NVRTC source, in that order.
+
+// No std headers: NVRTC (CuPy) compiles this without a host C++ library.
+typedef long long i64;
+typedef int i32;
+typedef unsigned short u16;
+
+#define NT 1024
+#define MAXB 1024  // batch limit (shared offsets of the copy blocks)
+
+template <int W> struct Vec;
+template <> struct Vec<16> { using T = uint4; };
+template <> struct Vec<8> { using T = uint2; };
+template <> struct Vec<4> { using T = unsigned int; };
+#define SENTINEL (-9223372036854775807LL - 1)
+
+// request table columns (int64 [batch, TCOLS], built by kernels/resolver.py)
+enum { T_HOT_ROWS, T_HOT_STAMP, T_HOT_PROTECT, T_HOT_LOCS, T_TAIL_LOCS, T_PAGE_MAP, T_PAGE_READY,
+       T_TAIL_LO, T_TAIL_HI, TCOLS };
+// summary columns (int64 [batch, SCOLS])
+enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT, SCOLS };
+// totals (int64 [TOT_COLS + 2 * (batch + 1)]): then copy offsets [batch+1], stage offsets [batch+1]
+enum { R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT, R_TICKET, TOT_COLS };
+// status bits
+enum { ST_SEL_LT_M1 = 1, ST_VISIBLE = 2, ST_SEL_GE_VISIBLE = 4, ST_NOT_RESIDENT = 8, ST_ROW_RANGE = 16,
+       ST_STAGING = 32 };
+
+// Phase trace (bench/resolver/trace.py): compiled in only with -DRESOLVER_TRACE. Thread 0
+// of block TRACE_BLOCK stamps %globaltimer (ns) at each phase boundary of both launches
+// into g_trace[slot]; slot 0..15 lookup, 16..23 commit block, 24..31 the last lookup block.
+#ifdef RESOLVER_TRACE
+__device__ unsigned long long g_trace[32];
+__device__ int g_trace_block;
+#define TRACE(slot)                                                               \
+    do {                                                                          \
+        if (threadIdx.x == 0 && (int)blockIdx.x == g_trace_block) {               \
+            unsigned long long t_;                                                \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                \
+            g_trace[slot] = t_;                                                   \
+        }                                                                         \
+    } while (0)
+#define TRACE_ANY(slot)                                                           \
+    do {                                                                          \
+        if (threadIdx.x == 0) {                                                   \
+            unsigned long long t_;                                                \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                \
+            g_trace[slot] = t_;                                                   \
+        }                                                                         \
+    } while (0)
+#else
+#define TRACE(slot) do {} while (0)
+#define TRACE_ANY(slot) do {} while (0)
+#endif
+
+template <typename T> __device__ __forceinline__ T* ptr(const i64* row, int col) {
+    return reinterpret_cast<T*>(row[col]);
+}
+
+// Block-wide exclusive scan of one unsigned per thread; returns the exclusive prefix and
+// the block total through *total. Uses 33 words of shared memory at `tmp`.
+__device__ __forceinline__ unsigned block_scan(unsigned v, unsigned* tmp, unsigned* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) tmp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned w = lane < (blockDim.x >> 5) ? tmp[lane] : 0u;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            unsigned y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        tmp[lane] = w;  // inclusive per warp
+        if (lane == 31) tmp[32] = w;
+    }
+    __syncthreads();
+    const unsigned excl = (warp ? tmp[warp - 1] : 0u) + x - v;
+    *total = tmp[32];
+    __syncthreads();
+    return excl;
+}
+
+// Exclusive prefix (uint16) of popcounts of `bm[0..W)`: thread t owns a contiguous chunk.
+__device__ unsigned bitmap_prefix(const unsigned* bm, u16* pre, int W, unsigned* tmp) {
+    const int chunk = (W + NT - 1) / NT, lo = threadIdx.x * chunk, hi = min(W, lo + chunk);
+    unsigned s = 0;
+    for (int w = lo; w < hi; ++w) s += __popc(bm[w]);
+    unsigned total;
+    unsigned run = block_scan(s, tmp, &total);
+    for (int w = lo; w < hi; ++w) {
+        pre[w] = (u16)run;
+        run += __popc(bm[w]);
+    }
+    __syncthreads();
+    return total;
+}
+
+__device__ __forceinline__ unsigned rank_of(const unsigned* bm, const u16* pre, i64 row) {
+    const int w = (int)(row >> 5), bit = (int)(row & 31);
+    return pre[w] + __popc(bm[w] & ((1u << bit) - 1u));
+}
+
+__device__ __forceinline__ bool test_bit(const unsigned* bm, i64 row) {
+    return (bm[row >> 5] >> (row & 31)) & 1u;
+}
+
+__device__ __forceinline__ void block_add(unsigned long long* dst, unsigned v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0 && v) atomicAdd(dst, (unsigned long long)v);
+}
+
+#define U 4  // loads in flight per thread (commit and copy loops; lookup passes take UL)
+
+#endif  // DHISPARSE_RESOLVER_COMMON_CUH

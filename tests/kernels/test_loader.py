@@ -1,0 +1,28 @@
+"""``kernels._loader.source``: the NVRTC text of each module (CPU; no CUDA needed)."""
+
+from __future__ import annotations
+
+import re
+
+from kernels._loader import HERE, SOURCES, source
+
+
+def test_a_single_file_module_is_its_file() -> None:
+    assert source("copy") == "\n".join((HERE / "copy.cu").read_text().splitlines()) + "\n"
+
+
+def test_the_resolver_parts_join_into_one_source_with_every_kernel_the_wrappers_launch() -> None:
+    text = source("resolver")
+    wrappers = (HERE / "resolver.py").read_text()
+    for name in ("resolve_lookup", "resolve_lookup_2"):  # launched by name from resolver.py
+        assert re.search(rf"__global__ void (__launch_bounds__\([^)]*\) )?{name}\(", text)
+        assert f'"{name}' in wrappers
+    for width in (16, 8, 4):  # resolve_commit_<w>, plan_copy_<w>
+        assert f"COMMIT({width})" in text and f"PLAN_COPY({width})" in text
+    # one translation unit: the header once, no include of a sibling part left
+    assert text.count("#define DHISPARSE_RESOLVER_COMMON_CUH") == 1
+    assert not re.search(r'#\s*include\s+"resolver_', text)
+    # in order: the header's definitions precede their users
+    assert text.index("enum { T_HOT_ROWS") < text.index("lookup_body") < text.index("commit_body")
+    for part in SOURCES["resolver"]:
+        assert (HERE / part).exists(), part
