@@ -35,3 +35,12 @@ def test_stage_times_merge_the_cpu_and_gpu_annotations_of_one_stage() -> None:
               E(key="aten::mm", device_time_total=5.0, cpu_time_total=5.0, count=1)]
     assert stage_times(events, 2) == {
         "resolver": {"device_ms": 4.5, "host_ms": 2.0, "calls": 8.0}}
+
+
+def test_h200_plan_points_have_enough_requests_and_profiles_at_two_loads() -> None:
+    from services.decode.gpu_bench.presets import h200_plan
+
+    plan = h200_plan()
+    assert [plan.requests(c) for c in (4, 8, 16, 128)] == [16, 16, 24, 192]
+    assert plan.serve.concurrency == "4,8,16,32,64,128"
+    assert plan.profile_concurrency == (4, 32) and plan.point_s == 45.0

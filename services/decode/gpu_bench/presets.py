@@ -32,16 +32,17 @@ class Plan:
     #                                                         the serve sweep's own B
     hot_loads: list[int] = field(default_factory=list)      # C values of the B sweep
     hot_policies: list[str] = field(default_factory=lambda: ["hisparse", "adaptive"])
-    profile_concurrency: int = 32
+    profile_concurrency: tuple[int, ...] = (4, 32)  # one-step profiles at low and high load
     profile_policies: list[str] = field(
         default_factory=lambda: ["hisparse", "adaptive", "adaptive-spec"])
-    requests_per_c: float = 2.0      # requests per serve point = max(C, factor · C)
+    requests_per_c: float = 2.0      # requests per serve point = max(C, factor · C, min)
+    min_requests: int = 0            # floor: low-C points long enough to compare
     low_phase_requests: int = 8      # load step: submissions in each C_low phase
     high_phase_requests: int = 64    # ... and in the C_high phase
     point_s: float | None = None     # wall cap of one serve point / load-step arm
 
     def requests(self, c: int) -> int:
-        return max(c, int(self.requests_per_c * c))
+        return max(c, int(self.requests_per_c * c), self.min_requests)
 
 
 def _common(device: str, preset: str, input_len: int, output_len: int, hot: int,
@@ -64,7 +65,7 @@ def h200_plan(output_len: int = 24, concurrency: str = H200_CONCURRENCY,
     step = LoadStepSettings(**{**c, "concurrency": "4,32,4"}, policy="adaptive,hisparse",
                             phase_requests=8)
     return Plan(serve, step, hot_caches=[2048, 8192, 16384], hot_loads=[4, 32],
-                requests_per_c=1.5, point_s=point_s)
+                requests_per_c=1.5, min_requests=16, point_s=point_s)
 
 
 def cpu_plan() -> Plan:
@@ -73,7 +74,7 @@ def cpu_plan() -> Plan:
     serve = BenchSettings(**c, requests=16)
     step = LoadStepSettings(**{**c, "concurrency": "2,8,2"}, policy="adaptive,hisparse",
                             phase_requests=4)
-    return Plan(serve, step, hot_caches=[32, 64], hot_loads=[2, 8], profile_concurrency=4,
+    return Plan(serve, step, hot_caches=[32, 64], hot_loads=[2, 8], profile_concurrency=(2, 4),
                 high_phase_requests=8)
 
 

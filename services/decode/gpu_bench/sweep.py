@@ -142,10 +142,9 @@ def points(plan: Plan, shared: Shared, fused: bool, res: Results, policies: list
     s, dev = plan.serve, plan.serve.device
     d = res.data
 
-    def profile(policy: str):
+    def profile(policy: str, c: int):
         def run():
-            d["profiles"].append(profile_step(s, policy, plan.profile_concurrency, shared,
-                                              fused))
+            d["profiles"].append(profile_step(s, policy, c, shared, fused))
             res.save()
         return run
 
@@ -188,7 +187,8 @@ def points(plan: Plan, shared: Shared, fused: bool, res: Results, policies: list
     # speculative serve points, the hot-cache sweep; the speculative profile last
     out = [(f"warm {p}", lambda p=p: warm_up(s, p, shared, fused)) for p in policies]
     spec = [p for p in plan.profile_policies if "spec" in p]
-    out += [(f"profile {p}", profile(p)) for p in plan.profile_policies if p not in spec]
+    out += [(f"profile {p} C{c}", profile(p, c)) for c in plan.profile_concurrency
+            for p in plan.profile_policies if p not in spec]
     plain = [p for p in policies if "spec" not in p]
     out += [(f"serve {p} C{c}", serve(p, c)) for c in s.concurrencies for p in plain]
     out += [(f"load-step {p}", arm(p)) for p in plan.load_step.policies]
@@ -199,7 +199,8 @@ def points(plan: Plan, shared: Shared, fused: bool, res: Results, policies: list
             hs = with_hot_cache(s, b)
             out += [(f"hot B={b} {p} C{c}", serve(p, c, hs, "hot_cache"))
                     for p in plan.hot_policies]
-    return out + [(f"profile {p}", profile(p)) for p in spec]
+    return out + [(f"profile {p} C{c}", profile(p, c)) for c in plan.profile_concurrency
+                  for p in spec]
 
 
 def progress():
