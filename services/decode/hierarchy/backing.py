@@ -20,9 +20,7 @@ class InProcessBacking:
                 f"row_bytes={row_bytes}, num_rows={num_rows} must both be > 0"
             )
         pin = pin and torch.cuda.is_available()
-        # not zero-filled: only backed rows are ever read (I1), and every backed row was
-        # written first; a memset of a 32K-row history per source cost ms per admission
-        self._rows = torch.empty(num_rows, row_bytes, dtype=torch.uint8, pin_memory=pin)
+        self._rows = torch.zeros(num_rows, row_bytes, dtype=torch.uint8, pin_memory=pin)
         self._backed = torch.zeros(num_rows, dtype=torch.bool)
         self._closed = False
 
