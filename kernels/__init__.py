@@ -5,7 +5,8 @@ compile or launch a kernel, so CPU machines (and CI) use ``kernels.reference`` a
 hierarchy's torch resolver.
 
     kernels.copy       gather / page / follower / draft-ring / commit copies
-    kernels.resolver   fused resolver, drop-in for services.decode.hierarchy.resolve
+    kernels.resolver   fused resolver: the sync-free lookup / commit / plan-copy launches
+    kernels.dropin     drop-in twins of services.decode.hierarchy.resolve / apply_copies
     kernels.reference  the torch reference of every copy kernel
 """
 

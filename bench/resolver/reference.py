@@ -14,7 +14,7 @@ def run_vs_reference(rec: dict, reps: int = 5) -> None:
     """Drop-in ``kernels.resolver.resolve`` + ``apply_copies`` against the torch reference on
     the same GPU and group shape (8 requests of 20K rows, 656 B, B 4096, top_k 2048, all
     misses); host wall time per call, both synchronized (the reference syncs anyway)."""
-    from kernels import resolver as kres
+    from kernels import dropin as kres
     from services.decode import hierarchy as hier
 
     bs, S, k, B, item = 8, 20_000, 2048, 4096, 656

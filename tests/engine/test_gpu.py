@@ -17,6 +17,6 @@ def test_five_policies_identical_on_cuda_with_fused_kernels(topology) -> None:
         assert outputs(engine) == reference, policy
     assert runs["hisparse"].stats.counts.host > 0
     assert runs["adaptive"].stats.commands.get("retire", 0) > 0
-    from kernels import resolver as fused
+    from kernels import dropin as fused
 
     assert runs["hisparse"].kv._resolve is fused.resolve

@@ -91,6 +91,7 @@ def test_importing_kernels_needs_no_cupy() -> None:
     import sys
 
     import kernels.copy
+    import kernels.dropin
     import kernels.resolver  # noqa: F401
 
     assert "cupy" not in sys.modules or torch.cuda.is_available()

@@ -1,7 +1,7 @@
 """Fused CUDA resolver against the hierarchy's torch resolver: plans and state bit-exact.
 
 Two harnesses with the same seed hold identical groups on the GPU; one is driven by
-``services.decode.hierarchy`` (reference), the other by ``kernels.resolver``. After every
+``services.decode.hierarchy`` (reference), the other by ``kernels.dropin``. After every
 call: same plan (locations, direct flags, copy list, counts), same state (hot-cache slot
 table, LRU stamps, protection, staging arena, counters, payload bytes), and the
 hierarchy invariants hold.
@@ -22,7 +22,7 @@ from tests.hierarchy.harness import Harness, assert_same, snapshot
 
 
 def test_cpu_group_falls_back_to_the_reference() -> None:
-    from kernels import resolver as kres
+    from kernels import dropin
 
     pair = [Harness("cpu", policy="hisparse", layers=1) for _ in range(2)]
     for h in pair:
@@ -31,7 +31,7 @@ def test_cpu_group_falls_back_to_the_reference() -> None:
     sel = pair[0].tensor([[[3, 5, 16, 3]]])
     plans = [
         ref.resolve(pair[0].group, ["a"], sel, pair[0].causal_bounds(["a"], 1)),
-        kres.resolve(pair[1].group, ["a"], sel, pair[1].causal_bounds(["a"], 1)),
+        dropin.resolve(pair[1].group, ["a"], sel, pair[1].causal_bounds(["a"], 1)),
     ]
     assert torch.equal(plans[0].locations, plans[1].locations)
     assert_same(snapshot(pair[0]), snapshot(pair[1]))
@@ -130,11 +130,11 @@ def selections(
 
 
 def run_both(h_ref: Harness, h_k: Harness, rids, sel) -> tuple:
-    from kernels import resolver as kres
+    from kernels import dropin
 
     vis = h_ref.causal_bounds(rids, sel.shape[1])
     outcome = []
-    for h, res in ((h_ref, ref.resolve), (h_k, kres.resolve)):
+    for h, res in ((h_ref, ref.resolve), (h_k, dropin.resolve)):
         try:
             outcome.append(res(h.group, rids, sel.clone(), vis.clone()))
         except Exception as exc:  # both must fail the same way, with nothing changed
@@ -143,7 +143,7 @@ def run_both(h_ref: Harness, h_k: Harness, rids, sel) -> tuple:
 
 
 def check_round(h_ref: Harness, h_k: Harness, rids, sel) -> ref.ResolvePlan | None:
-    from kernels import resolver as kres
+    from kernels import dropin
 
     before = snapshot(h_k)
     p_ref, p_k = run_both(h_ref, h_k, rids, sel)
@@ -156,7 +156,7 @@ def check_round(h_ref: Harness, h_k: Harness, rids, sel) -> ref.ResolvePlan | No
         assert torch.equal(getattr(p_ref, f).cpu(), getattr(p_k, f).cpu()), f
     assert p_ref.epoch == p_k.epoch and p_ref.counts == p_k.counts
     for layer in range(h_ref.layers):
-        assert ref.apply_copies(h_ref.group, p_ref, layer) == kres.apply_copies(
+        assert ref.apply_copies(h_ref.group, p_ref, layer) == dropin.apply_copies(
             h_k.group, p_k, layer
         )
     torch.cuda.synchronize()

@@ -13,7 +13,7 @@ Per round and source group ``g`` (model group ``g`` ↔ hierarchy group ``"g{g}"
     finish_round()          every reader finished: fence, release staging
 
 Counters of every plan accumulate in ``counts`` (what the metrics export). On CUDA the
-fused kernels (``kernels.resolver``: same signatures, bit-identical plans and state) do
+fused kernels (``kernels.dropin``: same signatures, bit-identical plans and state) do
 the resolve and the host copies; on the CPU the torch reference does.
 """
 
@@ -40,7 +40,7 @@ class HierarchyKV:
         if fused is None:
             fused = hierarchy.config.torch_device.type == "cuda"
         if fused:
-            from kernels import resolver as kernels  # CuPy is imported only on CUDA
+            from kernels import dropin as kernels  # CuPy is imported only on CUDA
 
             self._resolve, self._apply = kernels.resolve, kernels.apply_copies
         self.names = [f"g{g}" for g in range(groups)]

@@ -7,7 +7,7 @@ Differences from a plain ``Engine`` (none changes what is computed):
 * ``register_prefix`` imports a synthetic prefix (``synthetic_prefix``) generated once per
   (prefix id, length) and shared by every engine: no 32K-token prefill; each request still
   gets independent decode KV (the hierarchy copies the prefix rows at admission);
-* host backing is pinned, and on CUDA the resolver is ``kernels.resolver`` (zero-copy
+* host backing is pinned, and on CUDA the resolver is ``kernels.dropin`` (zero-copy
   reads of pinned host rows) when ``fused`` — the caller decides from the kernel tests;
 * profiler ranges around admission, commit/backup and the drafter.
 """

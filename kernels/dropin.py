@@ -1,0 +1,239 @@
+"""Drop-in CUDA twins of ``services.decode.hierarchy.resolve`` and ``apply_copies``.
+
+Same signatures, same ResolvePlan, same resulting group state bit for bit, built on the
+raw launches of ``kernels.resolver``. They read one small totals vector back between the
+two launches: the host must learn the staging need to raise ResourceExhausted with
+nothing changed and to keep the staging arena, counters and plan shapes exact. On a CPU
+group, or with host rows that are not page-locked, they run the torch reference.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+
+import torch
+
+from services.common.errors import FailedPrecondition, ResourceExhausted
+from services.decode.hierarchy import resolver as ref
+from services.decode.hierarchy.counters import SelectionCounts
+from services.decode.hierarchy.group import SourceGroup
+
+from .resolver import (
+    R_COPIES,
+    R_DIRECT,
+    R_HOST,
+    R_HOT,
+    R_OPT,
+    R_STAGED,
+    R_STATUS,
+    R_TAIL,
+    S_M,
+    S_NV,
+    S_U,
+    ST_NOT_RESIDENT,
+    ST_SELECTION,
+    TOT_COLS,
+    CopyList,
+    Workspace,
+    commit,
+    lookup,
+    plan_copy,
+)
+
+
+def request_table(group: SourceGroup, states: Sequence) -> torch.Tensor:
+    """int64 [batch, 9]: the per-request tensors' addresses and tail bounds."""
+    rows = [
+        [
+            s.hot_rows.data_ptr(),
+            s.hot_stamp.data_ptr(),
+            s.hot_protect.data_ptr(),
+            s.hot_locs.data_ptr(),
+            s.tail_locs.data_ptr(),
+            s.page_map.data_ptr(),
+            s.page_ready.data_ptr(),
+            s.tail_lo,
+            s.tail_hi,
+        ]
+        for s in states
+    ]
+    return torch.tensor(rows, dtype=torch.int64).pin_memory().to(group.device, non_blocking=True)
+
+
+_workspaces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache: group -> Workspace
+
+
+def _workspace(group: SourceGroup, batch: int, entries: int) -> Workspace:
+    ws = _workspaces.get(group)
+    if ws is None or not ws.fits(batch, entries, group.hot_slots):
+        ws = Workspace.new(batch, entries, group.hot_slots, group.device)
+        _workspaces[group] = ws
+    return ws
+
+
+def _structural_checks(
+    group: SourceGroup, request_ids: Sequence[str], selections: torch.Tensor, visible: torch.Tensor
+) -> list:
+    """The reference's checks that need no device data (same exceptions, same messages)."""
+    if group.pending_layers:
+        raise FailedPrecondition(
+            f"plan of epoch={group.pending_epoch} not applied to payload layers "
+            f"{sorted(group.pending_layers)}; apply_copies before the next resolve"
+        )
+    for t, dims in ((selections, 3), (visible, 2)):
+        if (
+            not isinstance(t, torch.Tensor)
+            or t.dtype != torch.int64
+            or t.dim() != dims
+            or t.device != group.device
+        ):
+            return []  # the reference raises the exact message
+    if (
+        tuple(visible.shape) != tuple(selections.shape[:2])
+        or len(request_ids) != selections.shape[0]
+        or len(set(request_ids)) != len(request_ids)
+    ):
+        return []
+    return [group.request(rid) for rid in request_ids]
+
+
+def resolve(
+    group: SourceGroup, request_ids: Sequence[str], selections: torch.Tensor, visible: torch.Tensor
+) -> ref.ResolvePlan:
+    """Drop-in for ``services.decode.hierarchy.resolve`` (same plan, same state after)."""
+    if group.device.type != "cuda":
+        return ref.resolve(group, request_ids, selections, visible)
+    states = _structural_checks(group, request_ids, selections, visible)
+    if (
+        not states
+        or selections.numel() == 0
+        or not selections.is_contiguous()
+        or not visible.is_contiguous()
+    ):
+        return ref.resolve(group, request_ids, selections, visible)  # raises, or trivial shapes
+    batch, k_queries, k = selections.shape
+    cfg, epoch = group.config, group.clock + 1
+    ws = _workspace(group, batch, k_queries * k)
+    table = request_table(group, states)
+    locations = torch.empty_like(selections)
+    lookup(
+        ws,
+        table,
+        selections,
+        visible,
+        locations,
+        hot_slots=group.hot_slots,
+        tail_rows=cfg.tail_rows,
+        page_rows=cfg.page_rows,
+        rows_bound=max(s.tail_lo for s in states),
+        finished_epoch=group.finished_epoch,
+    )
+    totals = ws.totals[:TOT_COLS].cpu().tolist()  # the one host read: the staging need and counts
+    if totals[R_STATUS] & ST_SELECTION:
+        ref._check_inputs(group, request_ids, selections, visible)  # raises the exact error
+        raise RuntimeError(
+            f"resolver kernel flagged status={totals[R_STATUS]} the reference accepts"
+        )
+    if totals[R_STATUS] & ST_NOT_RESIDENT:
+        direct = ws.summary[:batch, S_U].cpu()
+        b = int(torch.nonzero(direct > 0)[0])
+        raise RuntimeError(
+            f"request_id={request_ids[b]!r}: rows needing the hot cache are not resident "
+            f"(hot_slots=0)"
+        )
+    staged = totals[R_STAGED]
+    if not group.staging.can_acquire(staged):
+        raise ResourceExhausted(
+            f"selections need staging rows={staged} > free staging rows="
+            f"{len(group.staging.free_locs)} (staging_rows={cfg.staging_rows})"
+        )
+    stage_locs = _acquire_staging(group, request_ids, ws, batch, staged, epoch)
+    n = batch * k_queries * k
+    out = CopyList(
+        *(torch.empty(n, dtype=torch.int64, device=group.device) for _ in range(3)),
+        torch.empty(max(staged, 1), dtype=torch.int64, device=group.device),
+    )
+    commit(
+        ws, table, selections, locations, stage_locs, out, epoch=epoch, hot_slots=group.hot_slots
+    )
+    for s in states:
+        s.last_read_epoch = epoch
+    group.clock = epoch
+    copies = totals[R_COPIES]
+    counts = SelectionCounts(
+        tail=totals[R_TAIL],
+        optional=totals[R_OPT],
+        hot=totals[R_HOT],
+        host=totals[R_HOST],
+        host_rows=copies,
+        staged_rows=staged,
+        lookups=batch,
+        direct_lookups=totals[R_DIRECT],
+    )
+    group.counters.add(counts)
+    if copies:
+        group.pending_epoch = epoch
+        group.pending_layers = set(range(group.spec.payload_layers))
+    return ref.ResolvePlan(
+        epoch=epoch,
+        request_ids=tuple(request_ids),
+        locations=locations,
+        direct=ws.summary[:batch, S_U] == 0,
+        copy_batch=out.batch[:copies],
+        copy_rows=out.rows[:copies],
+        copy_dst=out.dst[:copies],
+        counts=counts,
+    )
+
+
+def _acquire_staging(
+    group: SourceGroup,
+    request_ids: Sequence[str],
+    ws: Workspace,
+    batch: int,
+    staged: int,
+    epoch: int,
+) -> torch.Tensor:
+    """Acquire the arena rows on the host exactly as the reference does (request order,
+    ascending rows), and hand the kernel those rows in that order."""
+    if staged == 0:
+        return torch.empty(1, dtype=torch.int64, device=group.device)
+    summary, misses = ws.summary[:batch].cpu().tolist(), ws.misses[:batch].cpu()
+    locs: list[torch.Tensor] = []
+    for b, rid in enumerate(request_ids):
+        m, nv = summary[b][S_M], summary[b][S_NV]
+        if m > nv:
+            locs.append(group.staging.acquire(rid, misses[b, nv:m], epoch))
+    return torch.cat(locs).to(group.device)
+
+
+def _pinned(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" or t.is_pinned()
+
+
+def apply_copies(group: SourceGroup, plan: ref.ResolvePlan, layer: int) -> int:
+    """Drop-in for ``services.decode.hierarchy.apply_copies``: one launch reading the host
+    rows of ``layer`` in place (the copy list is sorted by (request, row) = host address).
+    Unlike the reference it does not re-check I1 (backed rows) on the host."""
+    group.check_layer(layer)
+    if plan.copy_rows.numel() == 0 or group.device.type != "cuda":
+        return ref.apply_copies(group, plan, layer)
+    hosts = [group.request(rid).backings[layer].rows() for rid in plan.request_ids]
+    if not all(_pinned(h) for h in hosts):
+        return ref.apply_copies(group, plan, layer)  # pageable host rows: no zero-copy path
+    if plan.epoch != group.pending_epoch or layer not in group.pending_layers:
+        raise FailedPrecondition(
+            f"plan epoch={plan.epoch} layer={layer} is not pending (pending epoch="
+            f"{group.pending_epoch}, layers={sorted(group.pending_layers)})"
+        )
+    payload, row_bytes = group.payloads[layer], group.spec.row_bytes
+    host_ptrs = torch.tensor([h.data_ptr() for h in hosts], dtype=torch.int64).pin_memory()
+    host_ptrs = host_ptrs.to(group.device, non_blocking=True)
+    n = plan.copy_rows.numel()
+    plan_copy(payload, plan.copy_batch, plan.copy_rows, plan.copy_dst, host_ptrs, n, row_bytes)
+    group.pending_layers.discard(layer)
+    nbytes = n * row_bytes
+    plan.counts.host_bytes += nbytes
+    group.counters.host_bytes += nbytes
+    return nbytes
