@@ -106,6 +106,11 @@ class Workspace:
             torch.zeros(TOT_COLS + 2 * (batch + 1), **i64),
         )
 
+    def pointers(self) -> tuple[np.uint64, ...]:
+        """Device addresses in the order both launches take them (need_loc .. totals)."""
+        return tuple(ptr(t) for t in (self.need_loc, self.misses, self.victims,
+                                      self.hit_slots, self.summary, self.totals))
+
     def fits(self, batch: int, entries: int, slots: int) -> bool:
         return (
             self.need_loc.shape[0] >= batch
@@ -169,12 +174,7 @@ def lookup(
         ptr(selections),
         ptr(visible),
         ptr(locations),
-        ptr(ws.need_loc),
-        ptr(ws.misses),
-        ptr(ws.victims),
-        ptr(ws.hit_slots),
-        ptr(ws.summary),
-        ptr(ws.totals),
+        *ws.pointers(),
         np.int32(batch),
         np.int32(k_queries),
         np.int32(k),
@@ -240,12 +240,7 @@ def commit(
         ptr(table),
         ptr(selections),
         ptr(locations),
-        ptr(ws.need_loc),
-        ptr(ws.misses),
-        ptr(ws.victims),
-        ptr(ws.hit_slots),
-        ptr(ws.summary),
-        ptr(ws.totals),
+        *ws.pointers(),
         ptr(stage_locs),
         np.int64(stage_locs.numel()),
         ptr(out.batch),

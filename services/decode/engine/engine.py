@@ -81,7 +81,7 @@ class Engine:
         self.finished: list[RequestRun] = []
         self._free_slots = list(range(config.max_requests - 1, -1, -1))
         self._deferred: list[Command] = []  # Populates paced to a later step
-        self._populate_batches = 0          # Populate batches executed in this step
+        self._populated = False             # this step's Populate batch already ran
         # every slot's tokens (prompt, then output) on the device: the drafter reads its
         # histories as views instead of a fresh copy of the whole context each round
         self._token_buf = torch.zeros(config.max_requests, config.max_context,
@@ -136,7 +136,7 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------
     def step(self) -> list[RequestRun]:
         """One iteration: admit, one decode round, retire. Returns requests that emitted."""
-        self._populate_batches = 0
+        self._populated = False
         self._admit()
         batch = list(self.running.values())
         if batch:
@@ -275,12 +275,12 @@ class Engine:
         while True:
             self._activate_granted()
             commands, self._deferred = self._deferred + self.admission.take_commands(), []
-            if self._populate_batches:  # this step's Populate batch already ran
+            if self._populated:
                 self._deferred = [c for c in commands if c.kind is CommandKind.POPULATE]
                 commands = [c for c in commands if c.kind is not CommandKind.POPULATE]
             if not commands:
                 return
-            self._populate_batches += any(c.kind is CommandKind.POPULATE for c in commands)
+            self._populated |= any(c.kind is CommandKind.POPULATE for c in commands)
             for cmd in commands:
                 if cmd.request_id not in self.running:
                     self._activate_granted()  # its grant may have landed meanwhile

@@ -21,6 +21,7 @@ import torch
 
 from services.decode.bench import report
 from services.decode.bench.driver import LoadPhase
+from services.decode.engine.policies import get_policy
 from services.decode.gpu_bench.engine import Shared
 from services.decode.gpu_bench.presets import (
     H200_CONCURRENCY,
@@ -185,15 +186,20 @@ def points(plan: Plan, shared: Shared, fused: bool, res: Results, policies: list
     # serve sweep of the non-speculative policies over every C (the crossover figure
     # survives a budget the slower speculative points would exhaust), the load step, the
     # speculative serve points, the hot-cache sweep; the speculative profile last
+    def speculative(names: list[str]) -> tuple[list[str], list[str]]:
+        """(plain, speculative) policies of ``names``, in order."""
+        flags = [get_policy(n).speculative for n in names]
+        return ([n for n, f in zip(names, flags, strict=True) if not f],
+                [n for n, f in zip(names, flags, strict=True) if f])
+
     out = [(f"warm {p}", lambda p=p: warm_up(s, p, shared, fused)) for p in policies]
-    spec = [p for p in plan.profile_policies if "spec" in p]
+    plain_prof, spec = speculative(plan.profile_policies)
     out += [(f"profile {p} C{c}", profile(p, c)) for c in plan.profile_concurrency
-            for p in plan.profile_policies if p not in spec]
-    plain = [p for p in policies if "spec" not in p]
+            for p in plain_prof]
+    plain, later = speculative(policies)
     out += [(f"serve {p} C{c}", serve(p, c)) for c in s.concurrencies for p in plain]
     out += [(f"load-step {p}", arm(p)) for p in plan.load_step.policies]
-    out += [(f"serve {p} C{c}", serve(p, c)) for c in s.concurrencies for p in policies
-            if p not in plain]
+    out += [(f"serve {p} C{c}", serve(p, c)) for c in s.concurrencies for p in later]
     for c in plan.hot_loads:
         for b in plan.hot_caches:
             hs = with_hot_cache(s, b)

@@ -73,23 +73,24 @@ class StagingArena:
         self.blocks: list[StagedBlock] = []
 
     # -- free queue ---------------------------------------------------------------------------
+    def _span(self, start: int, n: int) -> torch.Tensor:
+        """Ring positions ``start .. start + n - 1`` (wrapping)."""
+        return (start + torch.arange(n)) % max(self.capacity, 1)
+
     def _take(self, n: int) -> torch.Tensor:
-        idx = (self._head + torch.arange(n)) % max(self.capacity, 1)
-        out = self._ring[idx]
+        out = self._ring[self._span(self._head, n)]
         self._head = (self._head + n) % max(self.capacity, 1)
         self._free -= n
         return out
 
     def _give(self, locs: torch.Tensor) -> None:
-        n = locs.numel()
-        idx = (self._head + self._free + torch.arange(n)) % max(self.capacity, 1)
-        self._ring[idx] = locs
-        self._free += n
+        self._ring[self._span(self._head + self._free, locs.numel())] = locs
+        self._free += locs.numel()
 
     @property
     def free_locs(self) -> list[int]:
         """Free arena rows in queue order (a copy)."""
-        return self._ring[(self._head + torch.arange(self._free)) % max(self.capacity, 1)].tolist()
+        return self._ring[self._span(self._head, self._free)].tolist()
 
     def can_acquire(self, n: int) -> bool:
         return n <= self._free
@@ -124,20 +125,23 @@ class StagingArena:
         """loc -> staged row, in acquisition order (a copy)."""
         return {e.loc: e for e in self.entries()}
 
+    def latest_epoch(self, owner: str | None = None) -> int:
+        """Epoch of the newest staged rows (of ``owner``, or all); 0 when none."""
+        return max((b.epoch for b in self.owned(owner)), default=0)
+
     @property
     def max_epoch(self) -> int:
-        return max((b.epoch for b in self.blocks), default=0)
+        return self.latest_epoch()
 
     def release(self, finished_epoch: int, owner: str | None = None) -> list[StagedBlock]:
         """Free the staged rows (of ``owner``); FailedPrecondition while readers run."""
-        mine = self.owned(owner)
-        busy = max((b.epoch for b in mine), default=0)
+        busy = self.latest_epoch(owner)
         if busy > finished_epoch:
             raise FailedPrecondition(
                 f"staged rows of epoch={busy} still have readers "
                 f"(finished_epoch={finished_epoch}); call readers_finished first"
             )
-        return self._drop(mine)
+        return self._drop(self.owned(owner))
 
     def drop_request(self, request_id: str, owner: str | None = None) -> None:
         """Free the rows of a released request (its readers finished)."""
@@ -190,7 +194,7 @@ class StagingView:
 
     @property
     def max_epoch(self) -> int:
-        return max((b.epoch for b in self.arena.owned(self.owner)), default=0)
+        return self.arena.latest_epoch(self.owner)
 
     def release(self, finished_epoch: int) -> list[StagedBlock]:
         return self.arena.release(finished_epoch, self.owner)
