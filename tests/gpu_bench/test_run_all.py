@@ -3,7 +3,9 @@ points after the deadline are skipped (partial results survive)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from types import SimpleNamespace
 
 from services.decode.gpu_bench.runner import run_all
 
@@ -44,3 +46,20 @@ def test_h200_plan_points_have_enough_requests_and_profiles_at_two_loads() -> No
     assert [plan.requests(c) for c in (4, 8, 16, 128)] == [16, 16, 24, 192]
     assert plan.serve.concurrency == "4,8,16,32,64,128"
     assert plan.profile_concurrency == (4, 32) and plan.point_s == 45.0
+
+
+def test_h200_sweep_profiles_every_policy_before_the_first_serve_point() -> None:
+    """The speculative profile (host time attribution) must not wait behind the sweep."""
+    from services.decode.gpu_bench.presets import h200_plan
+    from services.decode.gpu_bench.sweep import points
+
+    plan = h200_plan()  # points are closures: listing them runs nothing
+    plan.serve = dataclasses.replace(plan.serve, device="cpu").validate()  # no GPU here
+    names = [n for n, _ in points(plan, None, True, SimpleNamespace(data={}),
+                                  "resident,hisparse,adaptive,resident-spec,adaptive-spec"
+                                  .split(","))]
+    first_serve = next(i for i, n in enumerate(names) if n.startswith("serve "))
+    profiles = [n for n in names if n.startswith("profile ")]
+    assert profiles == [f"profile {p} C{c}" for c in (4, 32)
+                        for p in ("hisparse", "adaptive", "adaptive-spec")]
+    assert all(names.index(p) < first_serve for p in profiles)

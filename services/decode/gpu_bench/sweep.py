@@ -182,10 +182,11 @@ def points(plan: Plan, shared: Shared, fused: bool, res: Results, policies: list
             res.save()
         return run
 
-    # profiles of non-speculative policies first (cheap, explain every figure); then the
-    # serve sweep of the non-speculative policies over every C (the crossover figure
-    # survives a budget the slower speculative points would exhaust), the load step, the
-    # speculative serve points, the hot-cache sweep; the speculative profile last
+    # profiles first (one step each; they explain every figure, the speculative one
+    # attributes the speculative policy's host time); then the serve sweep of the
+    # non-speculative policies over every C (the crossover figure survives a budget the
+    # slower speculative points would exhaust), the load step, the speculative serve
+    # points, the hot-cache sweep
     def speculative(names: list[str]) -> tuple[list[str], list[str]]:
         """(plain, speculative) policies of ``names``, in order."""
         flags = [get_policy(n).speculative for n in names]
@@ -195,7 +196,7 @@ def points(plan: Plan, shared: Shared, fused: bool, res: Results, policies: list
     out = [(f"warm {p}", lambda p=p: warm_up(s, p, shared, fused)) for p in policies]
     plain_prof, spec = speculative(plan.profile_policies)
     out += [(f"profile {p} C{c}", profile(p, c)) for c in plan.profile_concurrency
-            for p in plain_prof]
+            for p in plain_prof + spec]
     plain, later = speculative(policies)
     out += [(f"serve {p} C{c}", serve(p, c)) for c in s.concurrencies for p in plain]
     out += [(f"load-step {p}", arm(p)) for p in plan.load_step.policies]
@@ -205,8 +206,7 @@ def points(plan: Plan, shared: Shared, fused: bool, res: Results, policies: list
             hs = with_hot_cache(s, b)
             out += [(f"hot B={b} {p} C{c}", serve(p, c, hs, "hot_cache"))
                     for p in plan.hot_policies]
-    return out + [(f"profile {p} C{c}", profile(p, c)) for c in plan.profile_concurrency
-                  for p in spec]
+    return out
 
 
 def progress():
