@@ -1,4 +1,5 @@
-"""Drop-in CUDA twins of ``services.decode.hierarchy.resolve`` and ``apply_copies``.
+"""Drop-in CUDA twins of ``services.decode.hierarchy.resolve``, ``apply_copies`` and
+``release_staging``.
 
 Same signatures, same ResolvePlan, same resulting group state bit for bit, built on the
 raw launches of ``kernels.resolver``. They read one small totals vector back between the
@@ -18,6 +19,8 @@ from services.common.errors import FailedPrecondition, ResourceExhausted
 from services.decode.hierarchy import resolver as ref
 from services.decode.hierarchy.counters import SelectionCounts
 from services.decode.hierarchy.group import SourceGroup
+from services.decode.hierarchy.promotion import live_blocks, released_waves
+from services.decode.hierarchy.promotion import release_staging as ref_release_staging
 
 from .resolver import (
     R_COPIES,
@@ -39,6 +42,7 @@ from .resolver import (
     commit,
     lookup,
     plan_copy,
+    promote,
 )
 
 
@@ -237,3 +241,48 @@ def apply_copies(group: SourceGroup, plan: ref.ResolvePlan, layer: int) -> int:
     plan.counts.host_bytes += nbytes
     group.counters.host_bytes += nbytes
     return nbytes
+
+
+def release_staging(group: SourceGroup) -> int:
+    """Drop-in for ``services.decode.hierarchy.release_staging`` (same state after)."""
+    return int(release_staging_async(group))
+
+
+def release_staging_async(group: SourceGroup) -> torch.Tensor:
+    """``release_staging`` with one launch per promotion wave (``kernels.resolver.promote``)
+    and no host read: returns the rows promoted as an int64 device scalar."""
+    if group.device.type != "cuda":
+        return torch.tensor(ref_release_staging(group))
+    total = torch.zeros((), dtype=torch.int64, device=group.device)
+    payload_ptrs = None
+    for wave in released_waves(group):
+        live = live_blocks(group, wave)
+        if not live:
+            continue
+        blocks, states = [b for b, _ in live], [s for _, s in live]
+        rows = torch.cat([b.rows for b in blocks])
+        if payload_ptrs is None:
+            payload_ptrs = torch.tensor([p.data_ptr() for p in group.payloads], dtype=torch.int64)
+        sizes = torch.tensor([0] + [b.rows.numel() for b in blocks], dtype=torch.int64)
+        staged = torch.cat([rows, *(b.locs for b in blocks), sizes.cumsum(0),
+                            torch.tensor([b.epoch for b in blocks], dtype=torch.int64),
+                            payload_ptrs])
+        staged = staged.pin_memory().to(group.device, non_blocking=True)
+        n, nb = rows.numel(), len(blocks)
+        promoted = torch.empty(nb, dtype=torch.int64, device=group.device)
+        promote(
+            request_table(group, states),
+            staged[:n],
+            staged[n: 2 * n],
+            staged[2 * n: 2 * n + nb + 1],
+            staged[2 * n + nb + 1: 2 * n + 2 * nb + 1],
+            torch.empty(n, dtype=torch.int32, device=group.device),
+            promoted,
+            staged[2 * n + 2 * nb + 1:],
+            hot_slots=group.hot_slots,
+            rows_bound=int(rows.max()) + 1,
+            finished_epoch=group.finished_epoch,
+            row_bytes=group.spec.row_bytes,
+        )
+        total += promoted.sum()
+    return total

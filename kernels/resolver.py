@@ -301,3 +301,58 @@ def plan_copy(
         np.uint32(row_bytes),
     )
     launch(kernel("resolver", f"plan_copy_{w}", dev), (grid,), (256,), args)
+
+
+def promote(
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    locs: torch.Tensor,
+    offsets: torch.Tensor,
+    epochs: torch.Tensor,
+    slot_of: torch.Tensor,
+    promoted: torch.Tensor,
+    payload_ptrs: torch.Tensor,
+    *,
+    hot_slots: int,
+    rows_bound: int,
+    finished_epoch: int,
+    row_bytes: int,
+) -> None:
+    """Staging promotion of one wave (resolver_promote.cu): block b moves the staged rows
+    ``rows[offsets[b]:offsets[b+1]]`` (arena rows ``locs``, staged at ``epochs[b]``) of
+    request table row b into its LRU hot slots and copies their payload rows in every
+    layer of ``payload_ptrs`` (int64 [L] base addresses). Writes ``slot_of`` (int32, the
+    slot each row took, -1 = not promoted) and ``promoted`` (int64 [blocks]). Requests of
+    one wave must be distinct; every row and hot row must be below ``rows_bound``."""
+    check("table", table, torch.int64, 2, "cuda")
+    for name, t in (("rows", rows), ("locs", locs), ("offsets", offsets), ("epochs", epochs),
+                    ("promoted", promoted), ("payload_ptrs", payload_ptrs)):
+        check(name, t, torch.int64, 1, "cuda")
+    check("slot_of", slot_of, torch.int32, 1, "cuda")
+    blocks = table.shape[0]
+    if (table.shape[1] != T_COLS or offsets.numel() != blocks + 1 or epochs.numel() != blocks
+            or promoted.numel() < blocks or locs.numel() != rows.numel()
+            or slot_of.numel() < rows.numel()):
+        raise InvalidArgument(
+            f"table {tuple(table.shape)}, offsets {offsets.numel()}, epochs {epochs.numel()}, "
+            f"promoted {promoted.numel()}, rows/locs/slot_of {rows.numel()}/{locs.numel()}/"
+            f"{slot_of.numel()} must be [blocks, {T_COLS}], blocks + 1, blocks, >= blocks, "
+            f"one entry per staged row"
+        )
+    check_limit("hot_slots", hot_slots, MAX_SLOTS)
+    if blocks == 0:
+        return
+    words = max(1, -(-rows_bound // 32))
+    pow2 = max(SORT_N, 1 << max(0, (max(hot_slots, 1) - 1).bit_length()))
+    shared = 8 * pow2 + 8 * words + 4 * max(hot_slots, 1)
+    dev = table.device.index
+    w = vec_width(row_bytes)
+    fn = kernel("resolver", f"promote_staged_{w}", dev, True, defines())
+    check_limit("shared bytes (8 * pow2(B) + 8 * ceil(rows_bound / 32) + 4 * B)", shared,
+                dynamic_shared_cap(fn, dev))
+    args = (
+        ptr(table), ptr(rows), ptr(locs), ptr(offsets), ptr(epochs), ptr(slot_of),
+        ptr(promoted), ptr(payload_ptrs), np.int32(payload_ptrs.numel()), np.uint32(row_bytes),
+        np.int32(hot_slots), np.int32(pow2), np.int32(words), np.int64(finished_epoch),
+    )
+    launch(fn, (blocks,), (LOOKUP_THREADS,), args, shared)

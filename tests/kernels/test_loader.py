@@ -17,13 +17,17 @@ def test_the_resolver_parts_join_into_one_source_with_every_kernel_the_wrappers_
     for name in ("resolve_lookup", "resolve_lookup_2"):  # launched by name from resolver.py
         assert re.search(rf"__global__ void (__launch_bounds__\([^)]*\) )?{name}\(", text)
         assert f'"{name}' in wrappers
-    for width in (16, 8, 4):  # resolve_commit_<w>, plan_copy_<w>
+    for width in (16, 8, 4):  # resolve_commit_<w>, plan_copy_<w>, promote_staged_<w>
         assert f"COMMIT({width})" in text and f"PLAN_COPY({width})" in text
+        assert f"PROMOTE({width})" in text
+    assert '"promote_staged_' in wrappers
     # one translation unit: the header once, no include of a sibling part left
     assert text.count("#define DHISPARSE_RESOLVER_COMMON_CUH") == 1
+    assert text.count("#define DHISPARSE_RESOLVER_SORT_CUH") == 1
     assert not re.search(r'#\s*include\s+"resolver_', text)
     # in order: the header's definitions precede their users
-    assert text.index("enum { T_HOT_ROWS") < text.index("lookup_body") < text.index("commit_body")
+    marks = ("enum { T_HOT_ROWS", "void sort_4096", "lookup_body", "commit_body", "promote_body")
+    assert [text.index(m) for m in marks] == sorted(text.index(m) for m in marks)
     for part in SOURCES["resolver"]:
         assert (HERE / part).exists(), part
 
@@ -43,3 +47,25 @@ def test_workspace_pointers_follow_the_kernels_argument_order() -> None:
     names = [n.strip(" \\") for n in " ".join(macro).split()[2:]]
     names = [n.rstrip(",") for n in names if n.rstrip(",")]
     assert names[4:10] == ["need_loc", "misses", "victims", "hit_slots", "summary", "totals"]
+
+
+def test_promote_passes_arguments_in_the_kernels_order() -> None:
+    """kernels.resolver.promote's argument tuple against promote_staged's parameter list."""
+    import inspect
+
+    from kernels import resolver
+
+    text = source("resolver")
+    sig = text[text.index("void __launch_bounds__(NT) promote_staged_"):]
+    params = re.findall(r"(\w+)\s*[,)]", sig[sig.index("(", sig.index("promote_staged_")):
+                                            sig.index("{")])
+    body = inspect.getsource(resolver.promote)
+    args = body[body.index("args = ("):body.index("launch(")]
+    passed = re.findall(r"(?:ptr|np\.\w+)\(([\w.]+?)(?:\.numel\(\))?\)", args)
+    # the same 14 values in the same order on both sides (n_layers = payload_ptrs.numel())
+    assert passed == ["table", "rows", "locs", "offsets", "epochs", "slot_of", "promoted",
+                      "payload_ptrs", "payload_ptrs", "row_bytes", "hot_slots", "pow2", "words",
+                      "finished_epoch"]
+    assert params == ["table", "rows", "locs", "off", "epochs", "slot_of", "promoted",
+                      "payload_ptrs", "n_layers", "row_bytes", "B", "Bp", "words",
+                      "finished_epoch"]

@@ -37,12 +37,14 @@ class HierarchyKV:
         """``fused``: use the CUDA kernels (default: exactly when the hierarchy is on CUDA)."""
         self.h = hierarchy
         self._resolve, self._apply = ref_resolve, ref_apply_copies
+        self._release = release_staging
         if fused is None:
             fused = hierarchy.config.torch_device.type == "cuda"
         if fused:
             from kernels import dropin as kernels  # CuPy is imported only on CUDA
 
             self._resolve, self._apply = kernels.resolve, kernels.apply_copies
+            self._release = kernels.release_staging_async  # no host read per group
         self.names = [f"g{g}" for g in range(groups)]
         self.request_of: dict[int, str] = {}
         self.counts = SelectionCounts()
@@ -151,7 +153,7 @@ class HierarchyKV:
         for layer in sorted(layers):
             self._count_bytes(self._apply(g, plan, layer))
         g.readers_finished(plan.epoch)
-        release_staging(g)
+        self._release(g)
 
     def finish_round(self) -> None:
         """Every attention reader of this round finished."""

@@ -36,23 +36,37 @@ def release_staging(group: SourceGroup) -> int:
     Needs every reader of the staged epochs finished and every plan applied to all payload
     layers (FailedPrecondition otherwise; nothing changed).
     """
+    return sum(_promote_wave(group, wave) for wave in released_waves(group))
+
+
+def released_waves(group: SourceGroup) -> list[list[StagedBlock]]:
+    """Free ``group``'s staged rows; their blocks in promotion waves: a request's blocks in
+    acquisition order, at most one per wave (the blocks of one wave have disjoint hot
+    caches). FailedPrecondition, nothing changed, while plans or readers are pending."""
     if group.pending_layers:
         raise FailedPrecondition(
             f"plan of epoch={group.pending_epoch} not applied to payload layers "
             f"{sorted(group.pending_layers)}; apply_copies before release_staging"
         )
     pending = group.staging.release(group.finished_epoch)
-    promoted = 0
-    while pending:  # waves: a request's blocks in order, at most one per wave
+    waves = []
+    while pending:
         wave: list[StagedBlock] = []
         rest: list[StagedBlock] = []
         seen: set[str] = set()
         for block in pending:
             (rest if block.request_id in seen else wave).append(block)
             seen.add(block.request_id)
-        promoted += _promote_wave(group, wave)
+        waves.append(wave)
         pending = rest
-    return promoted
+    return waves
+
+
+def live_blocks(group: SourceGroup,
+                wave: list[StagedBlock]) -> list[tuple[StagedBlock, RequestState]]:
+    """The blocks of ``wave`` whose request is still admitted and has hot slots."""
+    live = [(b, group.requests.get(b.request_id)) for b in wave]
+    return [(b, s) for b, s in live if s is not None and s.hot_rows.numel()]
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -67,8 +81,7 @@ def _promote_wave(group: SourceGroup, wave: list[StagedBlock]) -> int:
     slot takes the block's epoch as its stamp and so leaves the eligible set (stamp <
     epoch), so the i-th row takes the i-th eligible slot in LRU order until they run out.
     Two device reads in all (the premise check, the count); otherwise block by block."""
-    live = [(b, group.requests.get(b.request_id)) for b in wave]
-    live = [(b, s) for b, s in live if s is not None and s.hot_rows.numel()]
+    live = live_blocks(group, wave)
     if not live:
         return 0
     dev = live[0][1].hot_rows.device
