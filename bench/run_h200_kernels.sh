@@ -3,7 +3,7 @@
 # SGLang HiSparse peer, side by side. Run on the H200 with `.peer` carried (see
 # bench/README.md); results land in $OUT. Knobs (environment): PEER=0 skips the peer
 # (compare with its last committed run), TESTS_S / STATE_S / BENCH_S cap the test, CUDA
-# state-machine and bench phases,
+# state-machine and bench phases (0 skips the bench), FIRST_TESTS runs those test files first,
 # DHISPARSE_GIT_SHA names the commit in the JSON (the device copy has no .git).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:${PYTHONPATH:-}
@@ -18,13 +18,14 @@ fi
 # at most 8 files come back from $OUT: the GPU's name heads the test log
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/pytest_gpu.log" 2>&1
 timeout "$TESTS_S" python3 -m pytest -q -p no:cacheprovider --timeout 120 -W ignore::DeprecationWarning \
-  tests/kernels tests/engine/test_gpu.py tests/hierarchy -m gpu --ignore tests/hierarchy/test_state_machine.py \
+  ${FIRST_TESTS:-} tests/kernels tests/engine/test_gpu.py tests/hierarchy -m gpu \
+  --ignore tests/hierarchy/test_state_machine.py --durations 15 -rfE \
   2>&1 | tee -a "$OUT/pytest_gpu.log" | tail -25
 # the hypothesis state machine on CUDA last, under its own cap (slow: one sync per check)
 timeout "$STATE_S" python3 -m pytest -q -p no:cacheprovider --timeout 120 -W ignore::DeprecationWarning \
   tests/hierarchy/test_state_machine.py -m gpu 2>&1 | tee -a "$OUT/pytest_gpu.log" | tail -4
 wait
-timeout "$BENCH_S" python3 -m bench.bench_resolver --out "$OUT/resolver_h200.json" --reps 20 --wall-reps 5 \
+[ "$BENCH_S" != 0 ] && timeout "$BENCH_S" python3 -m bench.bench_resolver --out "$OUT/resolver_h200.json" --reps 20 --wall-reps 5 \
   2>&1 | tee "$OUT/bench.log" | tail -30
 if [ "$PEER" = 1 ]; then
 timeout 100 python3 .peer/sglang-hisparse/bench_peer_hisparse.py --configs 2048:4096 --reps 10 \

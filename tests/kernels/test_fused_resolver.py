@@ -192,15 +192,19 @@ def test_fused_resolver_matches_reference(
     h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
     gen = torch.Generator().manual_seed(seed)
     fracs = [0.0, 1.0, 0.98, 0.8, 0.5, 1.0, -1.0, 0.0, 0.9]  # -1: direct lookups (tail only)
+    promoted: list[int] = []
     for rnd, hit_frac in enumerate(fracs if batch < 64 else fracs[4:]):
         sel = selections(
             h_ref, rids, k_queries, k, hit_frac, gen, same_queries=hit_frac == 1.0 and rnd % 2 == 1
         )
         check_round(h_ref, h_k, rids, sel)
-        if rnd % 2:
-            for h in (h_ref, h_k):
+        if rnd % 2:  # staging promotion: the torch reference against the promote kernel
+            from kernels import dropin
+
+            for h, release in ((h_ref, ref.release_staging), (h_k, dropin.release_staging)):
                 h.group.readers_finished()
-                ref.release_staging(h.group)
+                promoted.append(release(h.group))
+            assert promoted[-2] == promoted[-1]
             assert_same(snapshot(h_ref), snapshot(h_k))
             h_k.check()
 
