@@ -269,30 +269,51 @@ def backup(group: SourceGroup, request_id: str, max_pages: int | None = None) ->
     tail_pages = list(range(state.tail_lo // p, state.committed // p))
     opt_pages = []
     if budget is None or len(tail_pages) < budget:  # tail pages alone may fill the budget
-        backed = group.backed_mask(state)
-        opt_pages = [
-            g for g in state.optional_logical_pages()
-            if not bool(backed[g * p : g * p + p].all())
-        ]
+        optional = state.optional_logical_pages()
+        whole = _pages_backed(group.backed_mask(state), optional, p)
+        opt_pages = [g for g, ok in zip(optional, whole, strict=True) if not ok]
     pages = (tail_pages + opt_pages)[:budget]
     if not pages:
         return 0
-    # every page's rows in one gather and one device->host copy per payload layer (not one
-    # synchronizing copy per page and layer), then per-page host writes
+    # every page's rows in one device gather per payload layer, written per run of
+    # consecutive pages (one DMA into the host mapping and one commit per run, not one
+    # per page: a 32K-row history is one run of 512 pages)
     g_t = torch.tensor(pages, dtype=torch.int64, device=group.device)
     rows = (g_t[:, None] * p + torch.arange(p, device=group.device)).flatten()
     locs = torch.where(rows >= state.tail_lo, state.tail_locs[rows % state.tail_locs.numel()],
                        state.page_map[rows // p] * p + rows % p)
+    runs = _runs(pages)
     for payload, backing in zip(group.payloads, state.backings, strict=True):
-        data = payload[locs].cpu()
-        for i, g in enumerate(pages):
-            backing.write(g * p, data[i * p : i * p + p])
-    for g in pages:
+        data = payload[locs]
+        for at, first, n in runs:
+            backing.write(first * p, data[at * p: (at + n) * p])
+    for _, first, n in runs:
         for backing in state.backings:  # commit after every layer's bytes landed (I4)
-            backing.commit(g * p, g * p + p)
+            backing.commit(first * p, (first + n) * p)
+    for g in pages:
         if g * p == state.tail_lo:
             state.tail_lo += p
     return len(pages) * p
+
+
+def _runs(pages: list[int]) -> list[tuple[int, int, int]]:
+    """``(index in pages, first page, count)`` of each maximal run of consecutive pages."""
+    runs: list[tuple[int, int, int]] = []
+    for i, g in enumerate(pages):
+        if runs and g == runs[-1][1] + runs[-1][2]:
+            at, first, n = runs[-1]
+            runs[-1] = (at, first, n + 1)
+        else:
+            runs.append((i, g, 1))
+    return runs
+
+
+def _pages_backed(backed: torch.Tensor, pages: Sequence[int], p: int) -> list[bool]:
+    """Whether every row of each logical page is backed (one vectorized check)."""
+    if not pages:
+        return []
+    rows = torch.tensor(pages, dtype=torch.int64)[:, None] * p + torch.arange(p)
+    return backed[rows].all(dim=1).tolist()
 
 
 def retire(group: SourceGroup, request_id: str, pages: Sequence[int] | None = None) -> int:
@@ -300,8 +321,9 @@ def retire(group: SourceGroup, request_id: str, pages: Sequence[int] | None = No
     state, p = group.request(request_id), group.config.page_rows
     optional = state.optional_logical_pages()
     targets = optional if pages is None else list(pages)
+    known = set(optional)
     for i, g in enumerate(targets):
-        if g not in optional:
+        if g not in known:
             raise InvalidArgument(
                 f"pages[{i}]={g!r} is not an optional page of request_id={request_id!r} "
                 f"(optional pages: {optional})"
@@ -311,9 +333,9 @@ def retire(group: SourceGroup, request_id: str, pages: Sequence[int] | None = No
             f"request_id={request_id!r} has readers of epoch={state.last_read_epoch} "
             f"not finished (finished_epoch={group.finished_epoch})"
         )
-    backed = group.backed_mask(state)
-    for g in targets:
-        if not bool(backed[g * p : g * p + p].all()):
+    whole = _pages_backed(group.backed_mask(state), targets, p)
+    for g, ok in zip(targets, whole, strict=True):
+        if not ok:
             raise FailedPrecondition(
                 f"page={g} (rows [{g * p}, {g * p + p})) of request_id={request_id!r} has "
                 f"rows without host backing; back it up before retiring"
