@@ -323,7 +323,9 @@ def promote(
     request table row b into its LRU hot slots and copies their payload rows in every
     layer of ``payload_ptrs`` (int64 [L] base addresses). Writes ``slot_of`` (int32, the
     slot each row took, -1 = not promoted) and ``promoted`` (int64 [blocks]). Requests of
-    one wave must be distinct; every row and hot row must be below ``rows_bound``."""
+    one wave must be distinct; every staged row must lie in ``[0, rows_bound)`` (not
+    checked on the device: ``kernels.dropin`` passes the largest staged row + 1); hot rows
+    outside that range are never equal to a staged row and are ignored."""
     check("table", table, torch.int64, 2, "cuda")
     for name, t in (("rows", rows), ("locs", locs), ("offsets", offsets), ("epochs", epochs),
                     ("promoted", promoted), ("payload_ptrs", payload_ptrs)):

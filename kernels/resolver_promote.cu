@@ -13,7 +13,8 @@
 // none is held -- found with two bitmaps over source rows -- so row i takes E[i] in
 // parallel. Otherwise thread 0 walks the rows in order: row r is held iff it was promoted
 // earlier in this block, or it sits in an original slot s that was not overwritten yet
-// (s not eligible, or rank(s) in E >= promotions so far). Then slots are rewritten and the
+// (s not eligible, or rank(s) in E >= promotions so far; of several holders, the one
+// overwritten last decides). Then slots are rewritten and the
 // payload rows of every layer are copied, arena row -> the slot's pool row.
 #include "resolver_common.cuh"
 #include "resolver_sort.cuh"
@@ -87,15 +88,17 @@ __device__ __forceinline__ void promote_body(const i64* __restrict__ table, cons
         if (threadIdx.x == 0) s_j = (int)m;
     } else {
         for (int i = threadIdx.x; i < n_e; i += NT) rank[keys[i] & SLOT_MASK] = i;
-        for (i64 i = threadIdx.x; i < n; i += NT) {  // original slot of each held staged row
+        __syncthreads();
+        // the holder of each held staged row that is overwritten last: the one with the
+        // largest rank in E (NO_RANK when not eligible). A row is held while any of its
+        // holders is not overwritten yet, i.e. while that holder's rank >= promotions so
+        // far. (Only one holder exists under invariant I4; the kernel stays exact without.)
+        for (i64 i = threadIdx.x; i < n; i += NT) {
             const i64 r = rows[lo + i];
             i32 so = -1;
             if (test_bit(held_bm, r))
                 for (int s = 0; s < B; ++s)
-                    if (hot_rows[s] == r) {
-                        so = s;
-                        break;
-                    }
+                    if (hot_rows[s] == r && (so < 0 || rank[s] > rank[so])) so = s;
             slot_of[lo + i] = so;
         }
         for (int w = threadIdx.x; w < words; w += NT) seen_bm[w] = 0u;  // now: promoted rows
