@@ -36,3 +36,15 @@ def test_adaptive_fetches_less_from_host_than_hisparse_when_memory_is_spare() ->
     hs, ad = spare["hisparse"].stats.counts, spare["adaptive"].stats.counts
     assert ad.host * 5 <= hs.host, (ad, hs)
     assert spare["adaptive"].stats.coverage_mean > 0.9
+
+
+def test_time_outside_decode_rounds_is_attributed_by_phase() -> None:
+    """Admission, activation, release and each command kind get their host seconds (what a
+    serve point spends between steps), and only what ran is named."""
+    engine = serve(pressured("adaptive", "glm"), check=False)
+    ph = engine.stats.phase_seconds
+    assert {"admission", "activate", "finish"} <= set(ph)
+    assert {k for k in ph if k.startswith("command:")} == {
+        f"command:{kind}" for kind, pages in engine.stats.commands.items() if pages}
+    assert {"command:backup", "command:retire"} <= set(ph)
+    assert all(v > 0 for v in ph.values())

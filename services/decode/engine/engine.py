@@ -220,14 +220,17 @@ class Engine:
 
     def _admit(self) -> None:
         cfg, p = self.config, self.config.page_rows
+        t0 = time.perf_counter()
         for run in self.waiting:
             if run.ticket is None:
                 history = run.prompt_len // p if self.policy.optional else 0
                 run.ticket = self.admission.admit(
                     run.request_id, cfg.required_pages_for(self._max_rows(run)), history)
+        self.stats.phase("admission", time.perf_counter() - t0)
         self._run_commands()
 
     def _activate(self, run: RequestRun) -> None:
+        t0 = time.perf_counter()
         prefix = self._prefix_of(run)
         grant = run.ticket.grant
         run.slot = self._free_slots.pop()
@@ -249,6 +252,7 @@ class Engine:
                 self.config.seed * 1_000_003 + run.spec.seed)
         self._emit(run, [self._first_token(run, prefix.next_logits)])
         self.running[run.request_id] = run
+        self.stats.phase("activate", time.perf_counter() - t0)
 
     def _first_token(self, run: RequestRun, logits: torch.Tensor) -> int:
         if self.config.temperature == 0:
@@ -287,7 +291,9 @@ class Engine:
                 if cmd.request_id not in self.running:
                     self.admission.ack(cmd, ok=False)
                     continue
+                t0 = time.perf_counter()
                 pages = execute_command(self.hierarchy, cmd)
+                self.stats.phase(f"command:{cmd.kind.value}", time.perf_counter() - t0)
                 self.stats.command(cmd.kind.value, pages)
                 self.admission.ack(cmd, ok=True)
 
@@ -310,6 +316,7 @@ class Engine:
         return tokens
 
     def _finish(self, run: RequestRun) -> None:
+        t0 = time.perf_counter()
         self.hierarchy.release(run.request_id)
         self.index.close(run.slot)
         self.admission.release(run.request_id)
@@ -319,6 +326,7 @@ class Engine:
         run.phase, run.finished_at = Phase.FINISHED, self.clock()
         self.finished.append(run)
         self.stats.finish(run)
+        self.stats.phase("finish", time.perf_counter() - t0)
         if run.on_finish is not None:
             run.on_finish(run)
 

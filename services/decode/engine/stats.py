@@ -22,6 +22,10 @@ class EngineStats:
     samples: int = 0
     backup_bytes_total: int = 0
     commands: dict[str, int] = field(default_factory=dict)
+    # host wall seconds outside decode rounds, by phase (admission, activate, finish,
+    # command:<kind>): where a serve point's time between steps goes (perf_counter, not
+    # the engine clock; device work still queued when a phase returns is not in it)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
     counts: SelectionCounts = field(default_factory=SelectionCounts)
     finished: list[RequestRun] = field(default_factory=list)
 
@@ -49,6 +53,9 @@ class EngineStats:
 
     def command(self, kind: str, pages: int) -> None:
         self.commands[kind] = self.commands.get(kind, 0) + pages
+
+    def phase(self, name: str, seconds: float) -> None:
+        self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
 
     def backup_bytes(self, n: int) -> None:
         self.backup_bytes_total += n
