@@ -19,7 +19,7 @@ from services.common.errors import FailedPrecondition, ResourceExhausted
 from services.decode.hierarchy import resolver as ref
 from services.decode.hierarchy.counters import SelectionCounts
 from services.decode.hierarchy.group import SourceGroup
-from services.decode.hierarchy.promotion import live_blocks, released_waves
+from services.decode.hierarchy.promotion import live_blocks, promote_wave, released_waves
 from services.decode.hierarchy.promotion import release_staging as ref_release_staging
 
 from .resolver import (
@@ -43,6 +43,7 @@ from .resolver import (
     lookup,
     plan_copy,
     promote,
+    promote_fits,
 )
 
 
@@ -250,7 +251,9 @@ def release_staging(group: SourceGroup) -> int:
 
 def release_staging_async(group: SourceGroup) -> torch.Tensor:
     """``release_staging`` with one launch per promotion wave (``kernels.resolver.promote``)
-    and no host read: returns the rows promoted as an int64 device scalar."""
+    and no host read: returns the rows promoted as an int64 device scalar. A wave whose
+    row bitmap would not fit in shared memory (source rows beyond ~1.5M at B = 4096) is
+    promoted by the torch path instead (same result)."""
     if group.device.type != "cuda":
         return torch.tensor(ref_release_staging(group))
     total = torch.zeros((), dtype=torch.int64, device=group.device)
@@ -261,6 +264,10 @@ def release_staging_async(group: SourceGroup) -> torch.Tensor:
             continue
         blocks, states = [b for b, _ in live], [s for _, s in live]
         rows = torch.cat([b.rows for b in blocks])
+        bound = int(rows.max()) + 1
+        if not promote_fits(group.hot_slots, bound, group.spec.row_bytes, group.device.index):
+            total += promote_wave(group, wave)  # row bitmap beyond shared memory: torch
+            continue
         if payload_ptrs is None:
             payload_ptrs = torch.tensor([p.data_ptr() for p in group.payloads], dtype=torch.int64)
         sizes = torch.tensor([0] + [b.rows.numel() for b in blocks], dtype=torch.int64)
@@ -280,7 +287,7 @@ def release_staging_async(group: SourceGroup) -> torch.Tensor:
             promoted,
             staged[2 * n + 2 * nb + 1:],
             hot_slots=group.hot_slots,
-            rows_bound=int(rows.max()) + 1,
+            rows_bound=bound,
             finished_epoch=group.finished_epoch,
             row_bytes=group.spec.row_bytes,
         )

@@ -303,6 +303,18 @@ def plan_copy(
     launch(kernel("resolver", f"plan_copy_{w}", dev), (grid,), (256,), args)
 
 
+def promote_shared_bytes(hot_slots: int, rows_bound: int) -> int:
+    """Dynamic shared memory of ``promote``: sort keys, two row bitmaps, slot ranks."""
+    pow2 = max(SORT_N, 1 << max(0, (max(hot_slots, 1) - 1).bit_length()))
+    return 8 * pow2 + 8 * max(1, -(-rows_bound // 32)) + 4 * max(hot_slots, 1)
+
+
+def promote_fits(hot_slots: int, rows_bound: int, row_bytes: int, device: int) -> bool:
+    """Whether ``promote`` can run these sizes (its shared memory fits the SM's opt-in)."""
+    fn = kernel("resolver", f"promote_staged_{vec_width(row_bytes)}", device, True, defines())
+    return promote_shared_bytes(hot_slots, rows_bound) <= dynamic_shared_cap(fn, device)
+
+
 def promote(
     table: torch.Tensor,
     rows: torch.Tensor,
@@ -346,7 +358,7 @@ def promote(
         return
     words = max(1, -(-rows_bound // 32))
     pow2 = max(SORT_N, 1 << max(0, (max(hot_slots, 1) - 1).bit_length()))
-    shared = 8 * pow2 + 8 * words + 4 * max(hot_slots, 1)
+    shared = promote_shared_bytes(hot_slots, rows_bound)
     dev = table.device.index
     w = vec_width(row_bytes)
     fn = kernel("resolver", f"promote_staged_{w}", dev, True, defines())

@@ -78,7 +78,7 @@ def test_point_cap_stops_with_requests_in_flight_and_rates_still_count() -> None
     rec = drive(engine, "hisparse", [LoadPhase(4, requests=8)], prefixes, 16, max_seconds=1)
     row = serve_row(rec, 4)
     assert rec.truncated and row["truncated"]
-    assert {"admission", "activate"} <= set(row["phase_seconds"])
+    assert {"admission", "activate"} <= set(row["host_phase_seconds"])
     assert 0 < row["output_tokens"] and row["finished_requests"] < 8
     assert len(rec.samples) > 2 and rec.samples[-2].t < 1 <= rec.samples[-1].t
     full = drive(GpuEngine(_config("hisparse"), shared), "hisparse", [LoadPhase(4, requests=8)],

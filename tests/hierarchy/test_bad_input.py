@@ -109,6 +109,19 @@ def test_retire_without_backup_is_failed_precondition(h: Harness) -> None:
            retire, h.group, "a", [5])
 
 
+def test_retire_refuses_repeated_and_non_integer_pages(h: Harness) -> None:
+    h.group.readers_finished()
+    backup(h.group, "a")
+    h.check()
+    expect(h, InvalidArgument, r"pages\[1\]=0 repeats an earlier page", retire, h.group, "a",
+           [0, 0])
+    for bad in ([0], {}, 0.0):
+        expect(h, InvalidArgument, r"pages\[0\]=.* is not an optional page", retire, h.group,
+               "a", [bad])
+    assert retire(h.group, "a", [1, 0]) == 2
+    h.check()
+
+
 def test_open_and_commit_ranges(h: Harness) -> None:
     expect(h, InvalidArgument, r"count=0 must be an integer >= 1", open_rows, h.group, "a", 0)
     expect(h, InvalidArgument, r"count=21 opens rows up to 33 > max_rows=32",

@@ -112,7 +112,7 @@ def serve_row(rec: RunRecord, concurrency: int) -> dict[str, object]:
         "backed_up_pages": stats.commands.get("backup", 0),
         "populated_pages": stats.commands.get("populate", 0),
         "commands": dict(stats.commands),
-        "phase_seconds": dict(stats.phase_seconds),
+        "host_phase_seconds": dict(stats.host_phase_seconds),
     }
 
 

@@ -25,7 +25,7 @@ class EngineStats:
     # host wall seconds outside decode rounds, by phase (admission, activate, finish,
     # command:<kind>): where a serve point's time between steps goes (perf_counter, not
     # the engine clock; device work still queued when a phase returns is not in it)
-    phase_seconds: dict[str, float] = field(default_factory=dict)
+    host_phase_seconds: dict[str, float] = field(default_factory=dict)
     counts: SelectionCounts = field(default_factory=SelectionCounts)
     finished: list[RequestRun] = field(default_factory=list)
 
@@ -55,7 +55,7 @@ class EngineStats:
         self.commands[kind] = self.commands.get(kind, 0) + pages
 
     def phase(self, name: str, seconds: float) -> None:
-        self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
+        self.host_phase_seconds[name] = self.host_phase_seconds.get(name, 0.0) + seconds
 
     def backup_bytes(self, n: int) -> None:
         self.backup_bytes_total += n

@@ -321,13 +321,16 @@ def retire(group: SourceGroup, request_id: str, pages: Sequence[int] | None = No
     state, p = group.request(request_id), group.config.page_rows
     optional = state.optional_logical_pages()
     targets = optional if pages is None else list(pages)
-    known = set(optional)
+    known, seen = set(optional), set()
     for i, g in enumerate(targets):
-        if g not in known:
+        if not isinstance(g, int) or g not in known:
             raise InvalidArgument(
                 f"pages[{i}]={g!r} is not an optional page of request_id={request_id!r} "
                 f"(optional pages: {optional})"
             )
+        if g in seen:
+            raise InvalidArgument(f"pages[{i}]={g} repeats an earlier page; name each page once")
+        seen.add(g)
     if group.readers_pending(state):
         raise FailedPrecondition(
             f"request_id={request_id!r} has readers of epoch={state.last_read_epoch} "

@@ -9,7 +9,7 @@ not protected and do not already hold the row.
 ``release_staging`` reaches the same state with a few device reads per group instead of
 several per staged row: one acquisition block (one resolve's staged rows of one request)
 at a time per request, the blocks of different requests together (their hot caches are
-disjoint), each block by masked scatters (see ``_promote_wave``).
+disjoint), each block by masked scatters (see ``promote_wave``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def release_staging(group: SourceGroup) -> int:
     Needs every reader of the staged epochs finished and every plan applied to all payload
     layers (FailedPrecondition otherwise; nothing changed).
     """
-    return sum(_promote_wave(group, wave) for wave in released_waves(group))
+    return sum(promote_wave(group, wave) for wave in released_waves(group))
 
 
 def released_waves(group: SourceGroup) -> list[list[StagedBlock]]:
@@ -75,7 +75,7 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-def _promote_wave(group: SourceGroup, wave: list[StagedBlock]) -> int:
+def promote_wave(group: SourceGroup, wave: list[StagedBlock]) -> int:
     """Blocks of distinct requests. Equal to one-by-one promotion when no block repeats a
     row or stages a row a slot already holds (a resolve stages distinct misses): a promoted
     slot takes the block's epoch as its stamp and so leaves the eligible set (stamp <
