@@ -54,6 +54,14 @@ def test_promote_validates_before_launch() -> None:
                 finished_epoch=0, row_bytes=16)
 
 
+def test_promote_shared_memory_formula_and_the_serving_shape_fits_an_sm() -> None:
+    from kernels.resolver import promote_shared_bytes
+
+    assert promote_shared_bytes(4096, 100_000) == 8 * 4096 + 8 * 3125 + 4 * 4096
+    assert promote_shared_bytes(5000, 1) == 8 * 8192 + 8 + 4 * 5000  # B > 4096: next pow2
+    assert promote_shared_bytes(4096, 32_800) < 227 * 1024 - 16 * 1024  # H200 opt-in cap
+
+
 # -- GPU ------------------------------------------------------------------------------
 
 
