@@ -63,3 +63,17 @@ def test_h200_sweep_profiles_every_policy_before_the_first_serve_point() -> None
     assert profiles == [f"profile {p} C{c}" for c in (4, 32)
                         for p in ("hisparse", "adaptive", "adaptive-spec")]
     assert all(names.index(p) < first_serve for p in profiles)
+
+
+def test_pinned_warmup_covers_the_largest_point_and_is_a_no_op_without_cuda() -> None:
+    from services.decode.gpu_bench.presets import cpu_plan, h200_plan
+    from services.decode.gpu_bench.sweep import pinned_histories, prewarm_pinned
+
+    plan = h200_plan()
+    plan.serve = dataclasses.replace(plan.serve, device="cpu").validate()
+    model = plan.serve.engine_config("hisparse", 1).model
+    n, size = pinned_histories(plan, model)
+    assert n == 128 * model.groups * model.payloads_per_group  # C128, one per source
+    assert size == (32768 + 24 + 8) * 656  # max_context rows of 656 bytes
+    cpu = cpu_plan()
+    assert prewarm_pinned(cpu, cpu.serve.engine_config("hisparse", 1).model) == {}
