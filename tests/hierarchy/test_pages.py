@@ -253,3 +253,22 @@ def test_torch_device_parameter_places_every_tensor(device: str) -> None:
     want = torch.empty(0, device=device).device
     for t in (s.hot_rows, s.tail_locs, s.page_map, *h.group.payloads):
         assert t.device == want
+
+
+def test_backup_writes_and_commits_once_per_run_of_consecutive_pages() -> None:
+    """A history's pages go to the host as one write and one commit per layer and run of
+    consecutive pages (a commit is an RPC on the kvstore client), with the same bytes."""
+    calls: list[tuple[str, int, int]] = []
+    h = Harness("cpu", policy="adaptive", page_rows=4, num_pages=40, tail_rows=8)
+    h.admit("a", 64, 40)  # 10 optional pages
+    for layer, b in enumerate(h.group.request("a").backings):
+        write, commit = b.write, b.commit
+        b.write = lambda s, d, w=write, i=layer: (calls.append(("w", i, s)), w(s, d))[1]
+        b.commit = lambda s, e, c=commit, i=layer: (calls.append(("c", i, s)), c(s, e))[1]
+    assert backup(h.group, "a", max_pages=3) == 12  # pages 0-2: one run
+    assert sorted(calls) == [("c", 0, 0), ("c", 1, 0), ("w", 0, 0), ("w", 1, 0)]
+    h.check()  # backed rows equal the truth
+    calls.clear()
+    assert backup(h.group, "a") == 28  # pages 3-9: one run
+    assert len(calls) == 4 and {s for _, _, s in calls} == {12}
+    h.check()
