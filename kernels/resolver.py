@@ -56,6 +56,17 @@ def default_select() -> str:
     return value
 
 
+def sort_size(hot_slots: int) -> int:
+    """Keys the block sorts for B hot slots (resolver_sort.cuh): B rounded up to a power of
+    two, at least SORT_N (the register sort)."""
+    return max(SORT_N, 1 << max(0, (max(hot_slots, 1) - 1).bit_length()))
+
+
+def bitmap_words(rows_bound: int) -> int:
+    """32-bit words of a shared bitmap over source rows ``[0, rows_bound)``."""
+    return max(1, -(-rows_bound // 32))
+
+
 LOOKUP_BLOCKS = ("auto", "1", "2")
 
 
@@ -160,8 +171,7 @@ def lookup(
     check_limit("batch", batch, MAX_BATCH)
     check_limit("K * k", k_queries * k, MAX_ENTRIES)
     check_limit("hot_slots", hot_slots, MAX_SLOTS)
-    words = max(1, -(-rows_bound // 32))
-    pow2 = max(SORT_N, 1 << max(0, (max(hot_slots, 1) - 1).bit_length()))
+    words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
     shared = -(-12 * words // 16) * 16 + 8 * pow2
     dev = selections.device.index
     blocks = lookup_blocks(batch, dev)
@@ -305,8 +315,7 @@ def plan_copy(
 
 def promote_shared_bytes(hot_slots: int, rows_bound: int) -> int:
     """Dynamic shared memory of ``promote``: sort keys, two row bitmaps, slot ranks."""
-    pow2 = max(SORT_N, 1 << max(0, (max(hot_slots, 1) - 1).bit_length()))
-    return 8 * pow2 + 8 * max(1, -(-rows_bound // 32)) + 4 * max(hot_slots, 1)
+    return 8 * sort_size(hot_slots) + 8 * bitmap_words(rows_bound) + 4 * max(hot_slots, 1)
 
 
 def promote_fits(hot_slots: int, rows_bound: int, row_bytes: int, device: int) -> bool:
@@ -356,8 +365,7 @@ def promote(
     check_limit("hot_slots", hot_slots, MAX_SLOTS)
     if blocks == 0:
         return
-    words = max(1, -(-rows_bound // 32))
-    pow2 = max(SORT_N, 1 << max(0, (max(hot_slots, 1) - 1).bit_length()))
+    words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
     shared = promote_shared_bytes(hot_slots, rows_bound)
     dev = table.device.index
     w = vec_width(row_bytes)

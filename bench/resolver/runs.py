@@ -145,29 +145,22 @@ def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k:
                 os.environ["DHISPARSE_LOOKUP_BLOCKS"] = blocks
                 case = Case(st, host, pool, item, bs, 1, k, m, False)
                 ok = case.check(off)["ok"]
-                full = time_gpu(
-                    lambda i, o=off, c=case: c.call(i + o),
-                    args["reps"],
-                    args["warmup"],
-                    before=lambda i, o=off, c=case: c.before(i + o),
-                    flush=flush,
-                )
-                off += n + 1
-                look = time_gpu(
-                    lambda i, o=off, c=case: c.lookup(i + o),
-                    args["reps"],
-                    args["warmup"],
-                    before=lambda i, o=off, c=case: c.before(i + o),
-                    flush=flush,
-                )
-                off += n + 1
+                us = {}  # both launches, then the lookup alone, each on rows unread so far
+                for key, fn in (("us", case.call), ("lookup_us", case.lookup)):
+                    us[key] = statistics.median(time_gpu(
+                        lambda i, o=off, f=fn: f(i + o),
+                        args["reps"],
+                        args["warmup"],
+                        before=lambda i, o=off, c=case: c.before(i + o),
+                        flush=flush,
+                    ))
+                    off += n + 1
                 r = {
                     "batch": bs,
                     "profile": prof,
                     "lookup_blocks_per_sm": int(blocks),
                     "ok": ok,
-                    "us": statistics.median(full),
-                    "lookup_us": statistics.median(look),
+                    **us,
                 }
                 out.append(r)
                 print(

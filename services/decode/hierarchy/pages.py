@@ -172,21 +172,27 @@ def open_rows(group: SourceGroup, request_id: str, count: int) -> torch.Tensor:
     The engine writes every payload layer's new rows there: ``group.payload(l)[locs] = kv``.
     """
     state = group.request(request_id)
+    stop = _open_stop(group, state, count)
+    rows = torch.arange(state.tail_hi, stop, device=group.device)
+    state.tail_hi = stop
+    return state.tail_locs[rows % state.tail_locs.numel()]
+
+
+def _open_stop(group: SourceGroup, state: RequestState, count: int) -> int:
+    """``tail_hi + count`` after checking that ``count`` rows may open (changes nothing)."""
     _count("count", count, 1)
     stop = state.tail_hi + count
     if stop > state.max_rows:
         raise InvalidArgument(
             f"count={count} opens rows up to {stop} > max_rows={state.max_rows} "
-            f"of request_id={request_id!r}"
+            f"of request_id={state.request_id!r}"
         )
     if stop - state.tail_lo > group.config.tail_rows:
         raise ResourceExhausted(
             f"count={count} overflows the tail: rows [{state.tail_lo}, {stop}) > tail_rows="
             f"{group.config.tail_rows}; back up completed pages first"
         )
-    rows = torch.arange(state.tail_hi, stop, device=group.device)
-    state.tail_hi = stop
-    return state.tail_locs[rows % state.tail_locs.numel()]
+    return stop
 
 
 def device_ints(values: Sequence[int] | Sequence[Sequence[int]],
@@ -209,22 +215,10 @@ def open_rows_batch(group: SourceGroup, request_ids: Sequence[str],
         raise InvalidArgument(f"request_ids={list(request_ids)!r} must be distinct")
     if len(counts) != len(states):
         raise InvalidArgument(f"counts has {len(counts)} entries for {len(states)} requests")
-    ring = group.config.tail_rows
     index: list[int] = []
     offset = 0  # of each request's ring in the concatenation of the rings
     for state, count in zip(states, counts, strict=True):
-        _count("count", count, 1)
-        stop = state.tail_hi + count
-        if stop > state.max_rows:
-            raise InvalidArgument(
-                f"count={count} opens rows up to {stop} > max_rows={state.max_rows} "
-                f"of request_id={state.request_id!r}"
-            )
-        if stop - state.tail_lo > ring:
-            raise ResourceExhausted(
-                f"count={count} overflows the tail: rows [{state.tail_lo}, {stop}) > "
-                f"tail_rows={ring}; back up completed pages first"
-            )
+        stop = _open_stop(group, state, count)
         size = state.tail_locs.numel()
         index.extend(offset + r % size for r in range(state.tail_hi, stop))
         offset += size

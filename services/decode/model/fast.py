@@ -36,7 +36,7 @@ from services.decode.model.codec import FP8, decode_rows, encode_keys, encode_ro
 from services.decode.model.config import ModelConfig
 from services.decode.model.index_state import IndexState
 from services.decode.model.kv import KVAccess
-from services.decode.model.model import DSAModel, Prefix, _Flat
+from services.decode.model.model import DSAModel, Prefix, _Flat, round_shape
 from services.decode.model.ops import mlp, rms_norm
 from services.decode.model.weights import IndexerWeights, LayerWeights, Weights
 
@@ -183,13 +183,7 @@ class FastDSAModel(DSAModel):
         """``DSAModel._flatten`` (same checks, same errors, same ``_Flat``) and the round's
         host view from ONE device→host read: query counts, committed rows, slots and the
         three validity flags; the flat query indices go back with one copy."""
-        if tokens.dim() != 2:
-            raise InvalidArgument(f"tokens.dim()={tokens.dim()} must be 2 ([B, K])")
-        B, K = tokens.shape
-        for name, t in (("n_committed", n_committed), ("num_queries", num_queries),
-                        ("slots", slots)):
-            if tuple(t.shape) != (B,):
-                raise InvalidArgument(f"{name}.shape={tuple(t.shape)} must be ({B},)")
+        B, K = round_shape(tokens, n_committed, num_queries, slots)
         valid = torch.arange(K, device=tokens.device) < num_queries.view(-1, 1)
         flags = torch.stack([((num_queries < 1) | (num_queries > K)).any(),
                              (n_committed < 0).any(),

@@ -54,6 +54,20 @@ class _Flat:
     pos: torch.Tensor
 
 
+def round_shape(tokens: torch.Tensor, n_committed: torch.Tensor, num_queries: torch.Tensor,
+                slots: torch.Tensor) -> tuple[int, int]:
+    """``(B, K)`` of a round's ``tokens [B, K]``; InvalidArgument unless the per-request
+    tensors are ``[B]`` (the shape checks of every model's forward)."""
+    if tokens.dim() != 2:
+        raise InvalidArgument(f"tokens.dim()={tokens.dim()} must be 2 ([B, K])")
+    B, K = tokens.shape
+    for name, t in (("n_committed", n_committed), ("num_queries", num_queries),
+                    ("slots", slots)):
+        if tuple(t.shape) != (B,):
+            raise InvalidArgument(f"{name}.shape={tuple(t.shape)} must be ({B},)")
+    return B, K
+
+
 class DSAModel:
     def __init__(self, cfg: ModelConfig, weights: Weights | None = None) -> None:
         self.cfg = cfg
@@ -103,13 +117,7 @@ class DSAModel:
         return out
 
     def _flatten(self, tokens, n_committed, num_queries, slots) -> _Flat:
-        if tokens.dim() != 2:
-            raise InvalidArgument(f"tokens.dim()={tokens.dim()} must be 2 ([B, K])")
-        B, K = tokens.shape
-        for name, t in (("n_committed", n_committed), ("num_queries", num_queries),
-                        ("slots", slots)):
-            if tuple(t.shape) != (B,):
-                raise InvalidArgument(f"{name}.shape={tuple(t.shape)} must be ({B},)")
+        _, K = round_shape(tokens, n_committed, num_queries, slots)
         if bool(((num_queries < 1) | (num_queries > K)).any()):
             raise InvalidArgument(f"num_queries={num_queries.tolist()} must be in 1..{K}")
         if bool((n_committed < 0).any()):
