@@ -7,9 +7,9 @@
    evicted, within one 2 MB page and one page per hop (address translation misses).
 2. The resolver built with ``DHISPARSE_RESOLVER_TRACE=1``: %globaltimer stamps at the phase
    boundaries of one lookup block, the last lookup block and one commit block (slots of
-   resolver_common.cuh's ``TRACE``), on the benchmark's cases (hit100 / miss2, 656 B rows,
-   top_k 2048, B 4096, 100K-row requests), beside the event time of the same calls and of
-   each launch alone.
+   resolver_common.cuh's ``TRACE``), on the benchmark's cases (hit100 / miss2 / miss20 /
+   cold, 656 B rows, top_k 2048, B 4096, 100K-row requests), beside the event time of the
+   same calls and of each launch alone.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
     import numpy as np
 
     from bench.resolver.case import Case
-    from bench.resolver.pool import State, alloc_host, fill_random
+    from bench.resolver.pool import PROFILES, State, alloc_host, fill_random
     from kernels._loader import module
     from kernels.resolver import defines
 
@@ -89,20 +89,24 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
     g_block = cupy.ndarray((1,), dtype=np.int32, memptr=mod.get_global("g_trace_block"))
     flush = Flusher(dev)
     rows = []
-    for bs, prof, m in ((1, "hit100", 0), (32, "hit100", 0), (160, "hit100", 0),
-                        (32, "miss2", round(0.02 * k))):
-        case = Case(st, host, pool, item, bs, 1, k, m, False)
+    for bs, prof in ((1, "hit100"), (32, "hit100"), (160, "hit100"), (32, "miss2"),
+                     (1, "cold"), (32, "miss20"), (160, "miss20")):
+        cold = prof == "cold"
+        m = k if cold else round(PROFILES[prof] * k)
+        case = Case(st, host, pool, item, bs, 1, k, m, cold)
         ok = case.check(0)["ok"]
-        calls = 1 + 3 * (reps + 3)
-        full = time_gpu(case.call, reps, 3, before=case.before, flush=flush)
-        look = time_gpu(lambda i, c=case: c.lookup(i + reps + 3), reps, 3,
-                        before=lambda i, c=case: c.before(i + reps + 3), flush=flush)
+        # cold reads a new window of k rows per call: 3 (n + 3) + 2 windows must fit
+        n = min(reps, (st.tail_lo // k - 2) // 3 - 3) if cold else reps
+        calls = 1 + 3 * (n + 3)
+        full = time_gpu(case.call, n, 3, before=case.before, flush=flush)
+        look = time_gpu(lambda i, c=case, n=n: c.lookup(i + n + 3), n, 3,
+                        before=lambda i, c=case, n=n: c.before(i + n + 3), flush=flush)
 
-        def prep(i: int, c=case) -> None:  # state restored + lookup done, then flush
-            c.before(i + 2 * (reps + 3))
-            c.lookup(i + 2 * (reps + 3))
+        def prep(i: int, c=case, n=n) -> None:  # state restored + lookup done, then flush
+            c.before(i + 2 * (n + 3))
+            c.lookup(i + 2 * (n + 3))
 
-        commit = time_gpu(lambda i, c=case: c.commit(i + 2 * (reps + 3)), reps, 3,
+        commit = time_gpu(lambda i, c=case, n=n: c.commit(i + 2 * (n + 3)), n, 3,
                           before=prep, flush=flush)
         phases = []
         for blk in (0, bs - 1):  # first and last request's block
