@@ -4,7 +4,8 @@
 # bench/README.md); results land in $OUT. Knobs (environment): PEER=0 skips the peer
 # (compare with its last committed run), TESTS_S / STATE_S / BENCH_S cap the test, CUDA
 # state-machine and bench phases (0 skips the bench), FIRST_TESTS runs those test files first,
-# DHISPARSE_GIT_SHA names the commit in the JSON (the device copy has no .git).
+# DHISPARSE_GIT_SHA names the commit in the JSON (the device copy has no .git), TRACE=1
+# adds the phase trace (TRACE_S caps it).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 PEER=${PEER:-1} TESTS_S=${TESTS_S:-200} BENCH_S=${BENCH_S:-110} STATE_S=${STATE_S:-60}
@@ -33,5 +34,5 @@ timeout 100 python3 .peer/sglang-hisparse/bench_peer_hisparse.py --configs 2048:
 tail -3 "$OUT/peer.log"
 fi
 if [ "${TRACE:-0}" = 1 ]; then  # phase trace + launch floors (bench/resolver/trace.py)
-timeout 80 python3 -m bench.resolver.trace --out "$OUT/trace.json" 2>&1 | grep -v Warning | tail -6
+timeout "${TRACE_S:-80}" python3 -m bench.resolver.trace --out "$OUT/trace.json" 2>&1 | grep -v Warning | tail -6
 fi
