@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from services.common.errors import FailedPrecondition, ResourceExhausted
+from services.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from services.decode.hierarchy import resolver as ref
 from services.decode.hierarchy.counters import SelectionCounts
 from services.decode.hierarchy.group import SourceGroup
@@ -23,6 +23,7 @@ from services.decode.hierarchy.promotion import live_blocks, promote_wave, relea
 from services.decode.hierarchy.promotion import release_staging as ref_release_staging
 
 from .resolver import (
+    PREFETCH_LAYERS,
     R_COPIES,
     R_DIRECT,
     R_HOST,
@@ -103,10 +104,33 @@ def _structural_checks(
     return [group.request(rid) for rid in request_ids]
 
 
+def _copy_pointers(
+    group: SourceGroup, request_ids: Sequence[str], layers: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(host_ptrs [L, batch], payload_ptrs [L]) on the device for the commit's miss copies,
+    or None when some of those host rows are not page-locked (no zero-copy read)."""
+    hosts = [[group.request(rid).backings[layer].rows() for rid in request_ids]
+             for layer in layers]
+    if not all(_pinned(h) for row in hosts for h in row):
+        return None
+    host = torch.tensor([[h.data_ptr() for h in row] for row in hosts], dtype=torch.int64)
+    pay = torch.tensor([group.payloads[layer].data_ptr() for layer in layers], dtype=torch.int64)
+    return tuple(t.pin_memory().to(group.device, non_blocking=True) for t in (host, pay))
+
+
 def resolve(
-    group: SourceGroup, request_ids: Sequence[str], selections: torch.Tensor, visible: torch.Tensor
+    group: SourceGroup,
+    request_ids: Sequence[str],
+    selections: torch.Tensor,
+    visible: torch.Tensor,
+    copy_layers: Sequence[int] = (),
 ) -> ref.ResolvePlan:
-    """Drop-in for ``services.decode.hierarchy.resolve`` (same plan, same state after)."""
+    """Drop-in for ``services.decode.hierarchy.resolve`` (same plan, same state after).
+
+    copy_layers: payload layers (at most 4) whose miss copies the commit launch does itself,
+    reading the host rows the lookup started prefetching into L2 -- as if ``apply_copies``
+    had run for each of them (same bytes, counters, pending layers). Ignored on the
+    reference path."""
     if group.device.type != "cuda":
         return ref.resolve(group, request_ids, selections, visible)
     states = _structural_checks(group, request_ids, selections, visible)
@@ -119,6 +143,15 @@ def resolve(
         return ref.resolve(group, request_ids, selections, visible)  # raises, or trivial shapes
     batch, k_queries, k = selections.shape
     cfg, epoch = group.config, group.clock + 1
+    copy_layers = tuple(copy_layers)
+    for layer in copy_layers:
+        group.check_layer(layer)
+    if len(set(copy_layers)) != len(copy_layers) or len(copy_layers) > PREFETCH_LAYERS:
+        raise InvalidArgument(
+            f"copy_layers={list(copy_layers)} must be distinct, at most {PREFETCH_LAYERS}")
+    ptrs = _copy_pointers(group, request_ids, copy_layers) if copy_layers else None
+    if ptrs is None:
+        copy_layers = ()
     ws = _workspace(group, batch, k_queries * k)
     table = request_table(group, states)
     locations = torch.empty_like(selections)
@@ -133,6 +166,8 @@ def resolve(
         page_rows=cfg.page_rows,
         rows_bound=max(s.tail_lo for s in states),
         finished_epoch=group.finished_epoch,
+        host_ptrs=ptrs[0] if ptrs else None,
+        row_bytes=group.spec.row_bytes,
     )
     totals = ws.totals[:TOT_COLS].cpu().tolist()  # the one host read: the staging need and counts
     if totals[R_STATUS] & ST_SELECTION:
@@ -160,7 +195,9 @@ def resolve(
         torch.empty(max(staged, 1), dtype=torch.int64, device=group.device),
     )
     commit(
-        ws, table, selections, locations, stage_locs, out, epoch=epoch, hot_slots=group.hot_slots
+        ws, table, selections, locations, stage_locs, out, epoch=epoch, hot_slots=group.hot_slots,
+        host_ptrs=ptrs[0] if ptrs else None, payloads=ptrs[1] if ptrs else None,
+        row_bytes=group.spec.row_bytes,
     )
     for s in states:
         s.last_read_epoch = epoch
@@ -179,7 +216,10 @@ def resolve(
     group.counters.add(counts)
     if copies:
         group.pending_epoch = epoch
-        group.pending_layers = set(range(group.spec.payload_layers))
+        group.pending_layers = set(range(group.spec.payload_layers)) - set(copy_layers)
+        nbytes = copies * group.spec.row_bytes * len(copy_layers)  # as apply_copies counts
+        counts.host_bytes += nbytes
+        group.counters.host_bytes += nbytes
     return ref.ResolvePlan(
         epoch=epoch,
         request_ids=tuple(request_ids),

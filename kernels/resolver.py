@@ -68,6 +68,27 @@ def bitmap_words(rows_bound: int) -> int:
 
 
 LOOKUP_BLOCKS = ("auto", "1", "2")
+PREFETCH_MB_DEFAULT = 16  # of the H200's 60 MB L2 (bench_resolver --prefetch-sweep)
+PREFETCH_LAYERS = 4  # resolver_lookup.cu: host histories prefetched per request
+
+
+def prefetch_budget() -> int:
+    """Bytes of missed host rows one ``lookup`` may prefetch into L2:
+    ``DHISPARSE_PREFETCH_MB`` (an integer >= 0; 0 turns prefetching off)."""
+    value = os.environ.get("DHISPARSE_PREFETCH_MB", str(PREFETCH_MB_DEFAULT))
+    if not value.isdigit():
+        raise InvalidArgument(f"DHISPARSE_PREFETCH_MB={value!r} must be an integer >= 0")
+    return int(value) << 20
+
+
+def prefetch_rows(batch: int, layers: int, row_bytes: int, entries: int,
+                  budget: int | None = None) -> int:
+    """Missed rows per request the lookup prefetches (its first ones in ascending order):
+    the budget shared evenly by the batch's requests and layers, at most ``entries``."""
+    budget = prefetch_budget() if budget is None else budget
+    if layers <= 0 or row_bytes <= 0 or batch <= 0:
+        return 0
+    return min(entries, budget // (batch * layers * row_bytes))
 
 
 def defines() -> tuple[str, ...]:
@@ -144,12 +165,20 @@ def lookup(
     rows_bound: int,
     finished_epoch: int,
     select: str | None = None,
+    host_ptrs: torch.Tensor | None = None,
+    row_bytes: int = 0,
+    prefetch_bytes: int | None = None,
 ) -> None:
     """Launch 1: direct path, union, hot hits, LRU victims; writes ``locations`` (final for
     direct/hot entries, ``-2 - miss rank`` for misses) and ``ws``; mutates no state.
 
     select: how victims are ordered, "radix" (radix select of the nv oldest, nv <= 1024)
     or "sort" (bitonic sort of every slot key); both give the reference's order.
+
+    host_ptrs (int64 [L, batch] on the GPU, the host histories the miss copies will read,
+    L <= 4) with ``row_bytes``: the lookup starts pulling each request's first missed rows
+    into L2 as soon as they are known (``prefetch_rows``; ``prefetch_bytes`` in all,
+    default ``DHISPARSE_PREFETCH_MB``). A hint: results are the same without it.
 
     table: int64 [batch, 9] per request (resolver_common.cuh T_* columns); rows_bound: every row
     needing steps 2-3 is below it (max tail_lo of the batch).
@@ -196,6 +225,17 @@ def lookup(
         np.int64(finished_epoch),
         np.int32(VICTIM_SELECT[select or default_select()]),
     )
+    layers = 0 if host_ptrs is None else host_ptrs.shape[0]
+    pf = 0
+    if layers:
+        check("host_ptrs", host_ptrs, torch.int64, 2, "cuda")
+        if host_ptrs.shape[1] != batch:
+            raise InvalidArgument(
+                f"host_ptrs {tuple(host_ptrs.shape)} must be [L, batch={batch}]")
+        check_limit("host_ptrs layers", layers, PREFETCH_LAYERS)
+        pf = prefetch_rows(batch, layers, row_bytes, k_queries * k, prefetch_bytes)
+    args += (ptr(host_ptrs) if pf else np.uint64(0), np.int32(layers if pf else 0),
+             np.uint32(row_bytes if pf else 0), np.int32(pf))
     launch(fn, (batch,), (LOOKUP_THREADS,), args, shared)
 
 
@@ -222,12 +262,14 @@ def commit(
     host_ptrs: torch.Tensor | None = None,
     payloads: torch.Tensor | None = None,
     row_bytes: int = 16,
+    copy_blocks: int | None = None,
 ) -> None:
     """Launch 2: apply the lookup (victims, stamps, staging), finish ``locations`` and the
     copy list; with ``host_ptrs`` (int64 [L, batch]) and ``payloads`` (int64 [L]) also copy
     the misses of those L layers from mapped host memory. Staged rows take
     ``stage_locs[0..]`` in (request, ascending row) order; if they do not fit, status gets
-    ST_STAGING and nothing changes."""
+    ST_STAGING and nothing changes. copy_blocks: blocks sharing the miss copies (default
+    ``default_copy_blocks``)."""
     batch, k_queries, k = selections.shape
     check("stage_locs", stage_locs, torch.int64, 1, "cuda")
     for name, t in (("out.batch", out.batch), ("out.rows", out.rows), ("out.dst", out.dst)):
@@ -267,8 +309,28 @@ def commit(
         np.uint32(row_bytes),
         np.int64(epoch),
     )
-    copy_blocks = sm_count(dev) * COPY_BLOCKS_PER_SM if layers else 0
+    if not layers:
+        copy_blocks = 0
+    elif copy_blocks is None:
+        copy_blocks = default_copy_blocks(dev)
+    elif not 1 <= copy_blocks <= MAX_COPY_BLOCKS:
+        raise InvalidArgument(f"copy_blocks={copy_blocks} must be in [1, {MAX_COPY_BLOCKS}]")
     launch(fn, (batch + copy_blocks,), (COMMIT_THREADS,), args)
+
+
+MAX_COPY_BLOCKS = 1 << 16
+
+
+def default_copy_blocks(device: int) -> int:
+    """Copy blocks of ``commit``: ``DHISPARSE_COPY_BLOCKS`` (an integer, or auto = as many as
+    fit the SMs at once, COPY_BLOCKS_PER_SM each)."""
+    value = os.environ.get("DHISPARSE_COPY_BLOCKS", "auto")
+    if value == "auto":
+        return sm_count(device) * COPY_BLOCKS_PER_SM
+    if not value.isdigit() or not 1 <= int(value) <= MAX_COPY_BLOCKS:
+        raise InvalidArgument(
+            f"DHISPARSE_COPY_BLOCKS={value!r} must be auto or an integer in [1, {MAX_COPY_BLOCKS}]")
+    return int(value)
 
 
 def plan_copy(

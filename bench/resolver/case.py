@@ -38,6 +38,10 @@ class Case:
         n = bs * K * k
         self.out = kres.CopyList(*(torch.empty(n, dtype=torch.int64, device=dev) for _ in range(4)))
         self.sels: dict[int, torch.Tensor] = {}
+        # L2 prefetch budget of the lookup (bytes; None = DHISPARSE_PREFETCH_MB) and copy
+        # blocks of the commit (None = DHISPARSE_COPY_BLOCKS)
+        self.prefetch: int | None = None
+        self.copy_blocks: int | None = None
 
     def sel(self, i: int) -> torch.Tensor:
         if i not in self.sels:
@@ -65,6 +69,9 @@ class Case:
             page_rows=PAGE_ROWS,
             rows_bound=st.tail_lo,
             finished_epoch=0,
+            host_ptrs=self.host_ptrs,
+            row_bytes=self.item,
+            prefetch_bytes=self.prefetch,
         )
 
     def commit(self, i: int) -> None:
@@ -81,6 +88,7 @@ class Case:
             host_ptrs=self.host_ptrs,
             payloads=self.payloads,
             row_bytes=self.item,
+            copy_blocks=self.copy_blocks,
         )
 
     def check(self, i: int) -> dict:

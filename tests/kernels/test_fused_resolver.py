@@ -10,12 +10,14 @@ hierarchy invariants hold.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
+import re
 
 import pytest
 import torch
 
-from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from services.decode import hierarchy as ref
 from services.decode.hierarchy.invariants import assert_exact
 from tests.hierarchy.harness import Harness, assert_same, snapshot
@@ -129,12 +131,13 @@ def selections(
     return out.to(h.group.device)
 
 
-def run_both(h_ref: Harness, h_k: Harness, rids, sel) -> tuple:
+def run_both(h_ref: Harness, h_k: Harness, rids, sel, copy_layers: tuple = ()) -> tuple:
     from kernels import dropin
 
     vis = h_ref.causal_bounds(rids, sel.shape[1])
     outcome = []
-    for h, res in ((h_ref, ref.resolve), (h_k, dropin.resolve)):
+    kernel = functools.partial(dropin.resolve, copy_layers=copy_layers)
+    for h, res in ((h_ref, ref.resolve), (h_k, kernel)):
         try:
             outcome.append(res(h.group, rids, sel.clone(), vis.clone()))
         except Exception as exc:  # both must fail the same way, with nothing changed
@@ -142,11 +145,15 @@ def run_both(h_ref: Harness, h_k: Harness, rids, sel) -> tuple:
     return tuple(outcome)
 
 
-def check_round(h_ref: Harness, h_k: Harness, rids, sel) -> ref.ResolvePlan | None:
+def check_round(
+    h_ref: Harness, h_k: Harness, rids, sel, copy_layers: tuple = ()
+) -> ref.ResolvePlan | None:
+    """One resolve on both sides; the kernel side copies ``copy_layers`` inside its commit
+    (zero-copy reads after the lookup's L2 prefetch) and the other layers by apply_copies."""
     from kernels import dropin
 
     before = snapshot(h_k)
-    p_ref, p_k = run_both(h_ref, h_k, rids, sel)
+    p_ref, p_k = run_both(h_ref, h_k, rids, sel, copy_layers)
     if isinstance(p_ref, Exception):
         assert type(p_k) is type(p_ref) and str(p_k) == str(p_ref)
         assert_same(before, snapshot(h_k))
@@ -156,9 +163,12 @@ def check_round(h_ref: Harness, h_k: Harness, rids, sel) -> ref.ResolvePlan | No
         assert torch.equal(getattr(p_ref, f).cpu(), getattr(p_k, f).cpu()), f
     assert p_ref.epoch == p_k.epoch and p_ref.counts == p_k.counts
     for layer in range(h_ref.layers):
-        assert ref.apply_copies(h_ref.group, p_ref, layer) == dropin.apply_copies(
-            h_k.group, p_k, layer
-        )
+        n_ref = ref.apply_copies(h_ref.group, p_ref, layer)
+        if layer in copy_layers:  # done by the commit launch; applying again is refused
+            with pytest.raises(FailedPrecondition, match="is not pending"):
+                dropin.apply_copies(h_k.group, p_k, layer)
+        else:
+            assert n_ref == dropin.apply_copies(h_k.group, p_k, layer)
     torch.cuda.synchronize()
     assert dataclasses.asdict(p_ref.counts) == dataclasses.asdict(p_k.counts)
     assert_same(snapshot(h_ref), snapshot(h_k))
@@ -207,6 +217,77 @@ def test_fused_resolver_matches_reference(
             assert promoted[-2] == promoted[-1]
             assert_same(snapshot(h_ref), snapshot(h_k))
             h_k.check()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
+@pytest.mark.parametrize("copy_layers,prefetch_mb", [((0,), "16"), ((1, 0), "0"), ((0,), "1")])
+def test_commit_copies_layers_like_apply_copies(
+    case: tuple, copy_layers: tuple, prefetch_mb: str, monkeypatch
+) -> None:
+    """Miss copies done inside the commit launch (with the lookup's L2 prefetch on, off, or
+    cut short by a small budget) give the reference's payload bytes, counters and state."""
+    monkeypatch.setenv("DHISPARSE_PREFETCH_MB", prefetch_mb)
+    batch, k_queries, k, hot, staging, row_bytes = case
+    seed = random.randrange(1 << 30)
+    h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    gen = torch.Generator().manual_seed(seed)
+    copied = 0
+    for rnd, hit_frac in enumerate([0.0, 0.8, 1.0, 0.5, 0.0]):
+        sel = selections(h_ref, rids, k_queries, k, hit_frac, gen)
+        plan = check_round(h_ref, h_k, rids, sel, copy_layers)
+        copied += 0 if plan is None else plan.copy_rows.numel()
+        if rnd % 2:
+            from kernels import dropin
+
+            for h, release in ((h_ref, ref.release_staging), (h_k, dropin.release_staging)):
+                h.group.readers_finished()
+                release(h.group)
+            assert_same(snapshot(h_ref), snapshot(h_k))
+    assert copied > 0  # the commit did copy rows
+
+
+def test_prefetch_budget_is_shared_by_requests_and_layers(monkeypatch) -> None:
+    from kernels import resolver as kres
+
+    mb = 1 << 20
+    assert kres.prefetch_rows(32, 1, 656, 2048, 16 * mb) == 16 * mb // (32 * 656)  # 798
+    assert kres.prefetch_rows(1, 1, 656, 2048, 16 * mb) == 2048  # capped by the entries
+    assert kres.prefetch_rows(4, 2, 1152, 4096, 16 * mb) == 16 * mb // (4 * 2 * 1152)
+    assert kres.prefetch_rows(4, 2, 1152, 4096, 0) == 0
+    assert kres.prefetch_rows(4, 0, 1152, 4096, 16 * mb) == 0  # no host rows named
+    monkeypatch.setenv("DHISPARSE_PREFETCH_MB", "3")
+    assert kres.prefetch_budget() == 3 * mb
+    assert kres.prefetch_rows(1, 1, 1024, 10_000) == 3 * 1024
+    for bad in ("-1", "1.5", "lots"):
+        monkeypatch.setenv("DHISPARSE_PREFETCH_MB", bad)
+        with pytest.raises(InvalidArgument, match=f"DHISPARSE_PREFETCH_MB='{re.escape(bad)}'"):
+            kres.prefetch_budget()
+
+
+def test_copy_blocks_setting_is_validated(monkeypatch) -> None:
+    from kernels import resolver as kres
+
+    monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", "66")
+    assert kres.default_copy_blocks(0) == 66
+    for bad in ("0", "-3", "many", str(kres.MAX_COPY_BLOCKS + 1)):
+        monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", bad)
+        with pytest.raises(InvalidArgument, match="DHISPARSE_COPY_BLOCKS"):
+            kres.default_copy_blocks(0)
+
+
+@pytest.mark.gpu
+def test_copy_layers_out_of_range_raise_and_change_nothing() -> None:
+    from kernels import dropin
+
+    h_ref, h_k, rids = make_pair(11, 2, 1, 8, 64, 16)
+    sel = selections(h_ref, rids, 1, 8, 0.0, torch.Generator().manual_seed(11))
+    vis = h_k.causal_bounds(rids, 1)
+    before = snapshot(h_k)
+    for bad in ((2,), (0, 0), (0, 1, 0, 1, 0)):
+        with pytest.raises(InvalidArgument, match="layer"):
+            dropin.resolve(h_k.group, rids, sel, vis, copy_layers=bad)
+        assert_same(before, snapshot(h_k))
 
 
 @pytest.mark.gpu
