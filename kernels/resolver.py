@@ -42,13 +42,16 @@ MAX_BATCH, MAX_ENTRIES, MAX_SLOTS = (
 )  # resolver kernels: MAXB, u16 ranks, 20-bit slot keys
 
 
-VICTIM_SELECT = {"sort": 0, "radix": 1}
+VICTIM_SELECT = {"sort": 0, "radix": 1, "auto": 2}
 
 
 def default_select() -> str:
-    """Victim ordering of ``lookup``: ``DHISPARSE_VICTIM_SELECT`` (radix | sort), default
-    radix (bitonic sort of 4096 keys on one SM: ~37 us of a 2%-miss call on the H200)."""
-    value = os.environ.get("DHISPARSE_VICTIM_SELECT", "radix")
+    """Victim ordering of ``lookup``: ``DHISPARSE_VICTIM_SELECT`` (auto | radix | sort),
+    default auto = the register bitonic sort for B <= 4096 (the whole "misses + victims"
+    phase took 4.4 us with it in the H200 trace of 45e4a9e, against 11 / 18.6 us for radix
+    select at 2% / 20% misses: five 8-bit passes with four block barriers each) and radix
+    select above (where the sort goes through shared memory)."""
+    value = os.environ.get("DHISPARSE_VICTIM_SELECT", "auto")
     if value not in VICTIM_SELECT:
         raise InvalidArgument(
             f"DHISPARSE_VICTIM_SELECT={value!r} must be one of {sorted(VICTIM_SELECT)}"
@@ -172,8 +175,9 @@ def lookup(
     """Launch 1: direct path, union, hot hits, LRU victims; writes ``locations`` (final for
     direct/hot entries, ``-2 - miss rank`` for misses) and ``ws``; mutates no state.
 
-    select: how victims are ordered, "radix" (radix select of the nv oldest, nv <= 1024)
-    or "sort" (bitonic sort of every slot key); both give the reference's order.
+    select: how victims are ordered, "radix" (radix select of the nv oldest, nv <= 1024),
+    "sort" (bitonic sort of every slot key) or "auto" (sort for B <= 4096, else radix); all
+    give the reference's order.
 
     host_ptrs (int64 [L, batch] on the GPU, the host histories the miss copies will read,
     L <= 4) with ``row_bytes``: the lookup starts pulling each request's first missed rows

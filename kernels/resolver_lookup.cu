@@ -204,7 +204,7 @@ __device__ __forceinline__ void lookup_body(
         if (threadIdx.x == 0) atomicOr(&cnt[6], (unsigned long long)ST_NOT_RESIDENT);
     } else if (u > 0) {
         // step 2: scan the B hot slots against the union (bounded by B, not by history).
-        // Only hot_rows (and hot_locs of hits) are read here; a non-hit slot is marked
+        // Only hot_rows and hot_locs are read here; a non-hit slot is marked
         // PENDING and its protect/stamp are read after the misses are counted, only when
         // there are any (a no-miss call reads a third of the slot state).
         const i64* hot_rows = ptr<const i64>(row, T_HOT_ROWS);
@@ -213,15 +213,13 @@ __device__ __forceinline__ void lookup_body(
             i64 hr[UL], hl[UL];
             bool hit[UL];
 #pragma unroll
-            for (int q = 0; q < UL; ++q) {
+            for (int q = 0; q < UL; ++q) {  // hot_locs with hot_rows: no dependent round trip
                 const int s = s0 + q * NT;
                 hr[q] = s < B ? hot_rows[s] : -1;
+                hl[q] = s < B ? hot_locs[s] : 0;
             }
 #pragma unroll
-            for (int q = 0; q < UL; ++q) {
-                hit[q] = hr[q] >= 0 && hr[q] < nbits && test_bit(need_bm, hr[q]);
-                hl[q] = hit[q] ? hot_locs[s0 + q * NT] : 0;
-            }
+            for (int q = 0; q < UL; ++q) hit[q] = hr[q] >= 0 && hr[q] < nbits && test_bit(need_bm, hr[q]);
 #pragma unroll
             for (int q = 0; q < UL; ++q) {
                 const int s = s0 + q * NT;
@@ -324,7 +322,10 @@ __device__ __forceinline__ void lookup_body(
             block_add(&cnt[5], n_cand);
             __syncthreads();
             nv = min((unsigned)m, (unsigned)cnt[5]);
-            if (select_mode == 1 && nv <= SELECT_MAX && nv > 0) {
+            // radix select when asked (1), or by default (2) when the keys outgrow the
+            // register sort (the shared-memory bitonic sort of Bp > SORT_N keys is slow)
+            const bool radix = select_mode == 1 || (select_mode == 2 && Bp > SORT_N);
+            if (radix && nv <= SELECT_MAX && nv > 0) {
                 select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal);
             } else {
                 if (Bp == SORT_N) sort_4096(keys);

@@ -42,6 +42,7 @@ class Case:
         # blocks of the commit (None = DHISPARSE_COPY_BLOCKS)
         self.prefetch: int | None = None
         self.copy_blocks: int | None = None
+        self.select: str | None = None  # victim ordering (None = DHISPARSE_VICTIM_SELECT)
 
     def sel(self, i: int) -> torch.Tensor:
         if i not in self.sels:
@@ -72,6 +73,7 @@ class Case:
             host_ptrs=self.host_ptrs,
             row_bytes=self.item,
             prefetch_bytes=self.prefetch,
+            select=self.select,
         )
 
     def commit(self, i: int) -> None:

@@ -190,7 +190,7 @@ CASES = [  # batch, K, k, hot slots, staging rows, row bytes
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
 @pytest.mark.parametrize(
-    "select,blocks", [("radix", "auto"), ("sort", "auto"), ("radix", "2"), ("radix", "1")]
+    "select,blocks", [("radix", "auto"), ("sort", "auto"), ("auto", "2"), ("auto", "1")]
 )
 def test_fused_resolver_matches_reference(
     case: tuple, select: str, blocks: str, monkeypatch
