@@ -41,9 +41,9 @@ from bench.resolver.report import fit_gbps, print_case, print_table, table
 from bench.resolver.runs import (
     kres_select,
     run_blocks_sweep,
+    run_copy_sweep,
     run_k8,
     run_ours,
-    run_prefetch_sweep,
 )
 
 __all__ = [
@@ -63,10 +63,10 @@ __all__ = [
     "print_case",
     "print_table",
     "run_blocks_sweep",
+    "run_copy_sweep",
     "run_k8",
     "run_ours",
     "run_peer",
-    "run_prefetch_sweep",
     "run_vs_reference",
     "table",
 ]
@@ -87,7 +87,7 @@ def command(
     peer_deadline_s: float = 200.0,
     peer_layouts: str = "scattered,contiguous",
     blocks_sweep: bool = True,
-    prefetch_sweep: bool = True,
+    copy_sweep: bool = True,
 ) -> None:
     """Fused resolver vs the memcpy ceiling and SGLang HiSparse's kernel (JSON + table)."""
     args = dict(locals())
@@ -98,7 +98,6 @@ def command(
         | {
             "victim_select": kres_select(),
             "lookup_blocks": os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto"),
-            "prefetch_mb": os.environ.get("DHISPARSE_PREFETCH_MB", "default"),
             "copy_blocks": os.environ.get("DHISPARSE_COPY_BLOCKS", "auto"),
         },
         "setup": {k: v for k, v in args.items() if k != "out"},

@@ -23,7 +23,6 @@ from services.decode.hierarchy.promotion import live_blocks, promote_wave, relea
 from services.decode.hierarchy.promotion import release_staging as ref_release_staging
 
 from .resolver import (
-    PREFETCH_LAYERS,
     R_COPIES,
     R_DIRECT,
     R_HOST,
@@ -104,13 +103,19 @@ def _structural_checks(
     return [group.request(rid) for rid in request_ids]
 
 
+COPY_LAYERS = 4  # payload layers one resolve may copy in its commit launch
+
+
 def _copy_pointers(
     group: SourceGroup, request_ids: Sequence[str], layers: Sequence[int]
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(host_ptrs [L, batch], payload_ptrs [L]) on the device for the commit's miss copies,
-    or None when some of those host rows are not page-locked (no zero-copy read)."""
-    hosts = [[group.request(rid).backings[layer].rows() for rid in request_ids]
-             for layer in layers]
+    or None when a request has no host history (nothing to copy from) or some of those host
+    rows are not page-locked (no zero-copy read)."""
+    states = [group.request(rid) for rid in request_ids]
+    if any(len(s.backings) != group.spec.payload_layers for s in states):
+        return None
+    hosts = [[s.backings[layer].rows() for s in states] for layer in layers]
     if not all(_pinned(h) for row in hosts for h in row):
         return None
     host = torch.tensor([[h.data_ptr() for h in row] for row in hosts], dtype=torch.int64)
@@ -127,10 +132,10 @@ def resolve(
 ) -> ref.ResolvePlan:
     """Drop-in for ``services.decode.hierarchy.resolve`` (same plan, same state after).
 
-    copy_layers: payload layers (at most 4) whose miss copies the commit launch does itself,
-    reading the host rows the lookup started prefetching into L2 -- as if ``apply_copies``
-    had run for each of them (same bytes, counters, pending layers). Ignored on the
-    reference path."""
+    copy_layers: payload layers (at most 4) whose miss copies the commit launch does itself
+    (the sync-free path's copies: no separate launch, no pointer upload per layer) -- as if
+    ``apply_copies`` had run for each of them (same bytes, counters, pending layers). Left
+    to ``apply_copies`` on the reference path, or when host rows are not page-locked."""
     if group.device.type != "cuda":
         return ref.resolve(group, request_ids, selections, visible)
     states = _structural_checks(group, request_ids, selections, visible)
@@ -146,9 +151,9 @@ def resolve(
     copy_layers = tuple(copy_layers)
     for layer in copy_layers:
         group.check_layer(layer)
-    if len(set(copy_layers)) != len(copy_layers) or len(copy_layers) > PREFETCH_LAYERS:
+    if len(set(copy_layers)) != len(copy_layers) or len(copy_layers) > COPY_LAYERS:
         raise InvalidArgument(
-            f"copy_layers={list(copy_layers)} must be distinct, at most {PREFETCH_LAYERS}")
+            f"copy_layers={list(copy_layers)} must be distinct, at most {COPY_LAYERS}")
     ptrs = _copy_pointers(group, request_ids, copy_layers) if copy_layers else None
     if ptrs is None:
         copy_layers = ()
@@ -166,8 +171,6 @@ def resolve(
         page_rows=cfg.page_rows,
         rows_bound=max(s.tail_lo for s in states),
         finished_epoch=group.finished_epoch,
-        host_ptrs=ptrs[0] if ptrs else None,
-        row_bytes=group.spec.row_bytes,
     )
     totals = ws.totals[:TOT_COLS].cpu().tolist()  # the one host read: the staging need and counts
     if totals[R_STATUS] & ST_SELECTION:

@@ -42,16 +42,15 @@ MAX_BATCH, MAX_ENTRIES, MAX_SLOTS = (
 )  # resolver kernels: MAXB, u16 ranks, 20-bit slot keys
 
 
-VICTIM_SELECT = {"sort": 0, "radix": 1, "auto": 2}
+VICTIM_SELECT = {"sort": 0, "radix": 1}
 
 
 def default_select() -> str:
-    """Victim ordering of ``lookup``: ``DHISPARSE_VICTIM_SELECT`` (auto | radix | sort),
-    default auto = the register bitonic sort for B <= 4096 (the whole "misses + victims"
-    phase took 4.4 us with it in the H200 trace of 45e4a9e, against 11 / 18.6 us for radix
-    select at 2% / 20% misses: five 8-bit passes with four block barriers each) and radix
-    select above (where the sort goes through shared memory)."""
-    value = os.environ.get("DHISPARSE_VICTIM_SELECT", "auto")
+    """Victim ordering of ``lookup``: ``DHISPARSE_VICTIM_SELECT`` (radix | sort), default
+    radix. The register bitonic sort of 4096 keys costs ~20 us more at batch 1 and 20% misses
+    (H200, 612df49: 72.6 vs 52.3 us per call); an already sorted cache (cold: stamps 0,
+    slot order) skips it after one check either way."""
+    value = os.environ.get("DHISPARSE_VICTIM_SELECT", "radix")
     if value not in VICTIM_SELECT:
         raise InvalidArgument(
             f"DHISPARSE_VICTIM_SELECT={value!r} must be one of {sorted(VICTIM_SELECT)}"
@@ -71,27 +70,6 @@ def bitmap_words(rows_bound: int) -> int:
 
 
 LOOKUP_BLOCKS = ("auto", "1", "2")
-PREFETCH_MB_DEFAULT = 16  # of the H200's 60 MB L2 (bench_resolver --prefetch-sweep)
-PREFETCH_LAYERS = 4  # resolver_lookup.cu: host histories prefetched per request
-
-
-def prefetch_budget() -> int:
-    """Bytes of missed host rows one ``lookup`` may prefetch into L2:
-    ``DHISPARSE_PREFETCH_MB`` (an integer >= 0; 0 turns prefetching off)."""
-    value = os.environ.get("DHISPARSE_PREFETCH_MB", str(PREFETCH_MB_DEFAULT))
-    if not value.isdigit():
-        raise InvalidArgument(f"DHISPARSE_PREFETCH_MB={value!r} must be an integer >= 0")
-    return int(value) << 20
-
-
-def prefetch_rows(batch: int, layers: int, row_bytes: int, entries: int,
-                  budget: int | None = None) -> int:
-    """Missed rows per request the lookup prefetches (its first ones in ascending order):
-    the budget shared evenly by the batch's requests and layers, at most ``entries``."""
-    budget = prefetch_budget() if budget is None else budget
-    if layers <= 0 or row_bytes <= 0 or batch <= 0:
-        return 0
-    return min(entries, budget // (batch * layers * row_bytes))
 
 
 def defines() -> tuple[str, ...]:
@@ -168,21 +146,12 @@ def lookup(
     rows_bound: int,
     finished_epoch: int,
     select: str | None = None,
-    host_ptrs: torch.Tensor | None = None,
-    row_bytes: int = 0,
-    prefetch_bytes: int | None = None,
 ) -> None:
     """Launch 1: direct path, union, hot hits, LRU victims; writes ``locations`` (final for
     direct/hot entries, ``-2 - miss rank`` for misses) and ``ws``; mutates no state.
 
-    select: how victims are ordered, "radix" (radix select of the nv oldest, nv <= 1024),
-    "sort" (bitonic sort of every slot key) or "auto" (sort for B <= 4096, else radix); all
-    give the reference's order.
-
-    host_ptrs (int64 [L, batch] on the GPU, the host histories the miss copies will read,
-    L <= 4) with ``row_bytes``: the lookup starts pulling each request's first missed rows
-    into L2 as soon as they are known (``prefetch_rows``; ``prefetch_bytes`` in all,
-    default ``DHISPARSE_PREFETCH_MB``). A hint: results are the same without it.
+    select: how victims are ordered, "radix" (radix select of the nv oldest, nv <= 1024)
+    or "sort" (bitonic sort of every slot key); both give the reference's order.
 
     table: int64 [batch, 9] per request (resolver_common.cuh T_* columns); rows_bound: every row
     needing steps 2-3 is below it (max tail_lo of the batch).
@@ -229,17 +198,6 @@ def lookup(
         np.int64(finished_epoch),
         np.int32(VICTIM_SELECT[select or default_select()]),
     )
-    layers = 0 if host_ptrs is None else host_ptrs.shape[0]
-    pf = 0
-    if layers:
-        check("host_ptrs", host_ptrs, torch.int64, 2, "cuda")
-        if host_ptrs.shape[1] != batch:
-            raise InvalidArgument(
-                f"host_ptrs {tuple(host_ptrs.shape)} must be [L, batch={batch}]")
-        check_limit("host_ptrs layers", layers, PREFETCH_LAYERS)
-        pf = prefetch_rows(batch, layers, row_bytes, k_queries * k, prefetch_bytes)
-    args += (ptr(host_ptrs) if pf else np.uint64(0), np.int32(layers if pf else 0),
-             np.uint32(row_bytes if pf else 0), np.int32(pf))
     launch(fn, (batch,), (LOOKUP_THREADS,), args, shared)
 
 

@@ -12,7 +12,8 @@ __device__ __forceinline__ int find_request(const i64* off, int batch, i64 c) {
     return lo;
 }
 
-template <int W>
+// Item index math in I: unsigned (32-bit divisions) when every item index fits, else i64.
+template <int W, typename I>
 __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict__ misses,
                             const i32* __restrict__ victims, const i64* __restrict__ summary,
                             const i64* __restrict__ stage_locs, const i64* __restrict__ host_ptrs,
@@ -20,20 +21,20 @@ __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict
                             unsigned row_bytes, const i64* s_off, const i64* s_soff, i64 n_copies,
                             int cblock, int ncblocks) {
     using V = typename Vec<W>::T;
-    const unsigned vpr = row_bytes / W;
-    const i64 per_layer = n_copies * vpr, total = per_layer * n_layers;
-    const i64 stride = (i64)ncblocks * blockDim.x;
+    const I vpr = (I)(row_bytes / W);
+    const I per_layer = (I)n_copies * vpr, total = per_layer * (I)n_layers;
+    const I stride = (I)ncblocks * blockDim.x;
 
-    for (i64 base = (i64)cblock * blockDim.x + threadIdx.x; base < total; base += stride * U) {
+    for (I base = (I)cblock * blockDim.x + threadIdx.x; base < total; base += stride * U) {
         V v[U];
         char* d[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const i64 it = base + u * stride;
+            const I it = base + u * stride;
             if (it < total) {
-                const int layer = (int)(it / per_layer);
-                const i64 li = it - layer * per_layer;
-                const i64 c = li / vpr;
+                const int layer = n_layers == 1 ? 0 : (int)(it / per_layer);
+                const I li = it - (I)layer * per_layer;
+                const I c = li / vpr;
                 const unsigned vec = (unsigned)(li - c * vpr);
                 const int b = find_request(s_off, batch, c);
                 const i64 i = c - s_off[b];
@@ -87,8 +88,16 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
             s_soff[i] = stage_off[i];
         }
         __syncthreads();
-        copy_misses<W>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers, batch, Kk,
-                       B, row_bytes, s_off, s_soff, n_copies, blockIdx.x - batch, gridDim.x - batch);
+        // 32-bit item indices when the last one (plus a stride of U rounds) stays below 2^32
+        const i64 items = n_copies * (row_bytes / W) * n_layers + (i64)(gridDim.x - batch) * blockDim.x * U;
+        if (items < (1ll << 32))
+            copy_misses<W, unsigned>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
+                                     batch, Kk, B, row_bytes, s_off, s_soff, n_copies, blockIdx.x - batch,
+                                     gridDim.x - batch);
+        else
+            copy_misses<W, i64>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
+                                batch, Kk, B, row_bytes, s_off, s_soff, n_copies, blockIdx.x - batch,
+                                gridDim.x - batch);
         return;
     }
     const int b = blockIdx.x;

@@ -6,19 +6,6 @@
 #define PENDING (~0ull - 1)  // hot-scan mark of a non-hit slot whose key is not built yet
 #define SELECT_MAX 1024  // victims ordered by radix select + counting ranks up to this many
 
-// Start pulling one host row into L2 (no register, no completion: a hint the miss copies
-// later find in flight or resident). One bulk prefetch per row when address and size are
-// 16-byte multiples (sm_90 TMA), else one line prefetch per 128 bytes.
-__device__ __forceinline__ void prefetch_row_l2(const char* p, unsigned bytes) {
-#if __CUDA_ARCH__ >= 900
-    if ((((unsigned long long)p | bytes) & 15ull) == 0) {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-        return;
-    }
-#endif
-    for (unsigned o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
-}
-
 // The nv smallest of Bp unique keys (non-candidates are ~0), in ascending order, without
 // sorting all Bp: MSD radix select of the nv-th smallest key K* (8-bit histograms, from the
 // highest byte in which a candidate key is non-zero: stamps and 20-bit slots make the top
@@ -115,8 +102,7 @@ __device__ __forceinline__ void lookup_body(
     i64* __restrict__ locs, i64* __restrict__ need_loc, i64* __restrict__ misses,
     i32* __restrict__ victims, i32* __restrict__ hit_slots, i64* __restrict__ summary,
     i64* __restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,
-    i64 finished_epoch, int select_mode, const i64* __restrict__ pf_ptrs, int pf_layers,
-    unsigned row_bytes, int pf_rows) {
+    i64 finished_epoch, int select_mode) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
     __shared__ unsigned long long cnt[8];  // tail, opt, hot, host, nhit, ncand, status
@@ -243,26 +229,6 @@ __device__ __forceinline__ void lookup_body(
         for (int w = threadIdx.x; w < W; w += NT) any_miss |= miss_bm[w] != 0u;
         if (__syncthreads_or(any_miss)) m = bitmap_prefix(miss_bm, miss_pre, W, tmp);  // syncs
         TRACE(4);  // miss prefix (skipped without misses)
-        if (m > 0) {
-            // misses in ascending row order; the first pf_rows of them are prefetched into
-            // L2 from each of the pf_layers host histories the miss copies will read, so
-            // the host link works while victims are chosen and the commit is launched
-            const char* pf[4];
-            const int npf = min(pf_layers, 4);
-            for (int l = 0; l < npf; ++l) pf[l] = reinterpret_cast<const char*>(pf_ptrs[(i64)l * batch + b]);
-            const int chunk = (W + NT - 1) / NT, lo = threadIdx.x * chunk, hi = min(W, lo + chunk);
-            for (int w = lo; w < hi; ++w) {
-                unsigned bits = miss_bm[w], i = miss_pre[w];
-                while (bits) {
-                    const int bit = __ffs(bits) - 1;
-                    bits &= bits - 1;
-                    const i64 r = (i64)w * 32 + bit;
-                    if ((int)i < pf_rows)
-                        for (int l = 0; l < npf; ++l) prefetch_row_l2(pf[l] + r * row_bytes, row_bytes);
-                    misses[(i64)b * Kk + i++] = r;
-                }
-            }
-        }
         // pass 2: entries of the union get a hot location or an encoded miss rank
         unsigned n_hot = 0, n_host = 0;
         for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * UL) {
@@ -295,6 +261,16 @@ __device__ __forceinline__ void lookup_body(
         block_add(&cnt[3], n_host);
         TRACE(5);  // pass 2 (thread 0's share)
         if (m > 0) {
+            // misses in ascending row order
+            const int chunk = (W + NT - 1) / NT, lo = threadIdx.x * chunk, hi = min(W, lo + chunk);
+            for (int w = lo; w < hi; ++w) {
+                unsigned bits = miss_bm[w], i = miss_pre[w];
+                while (bits) {
+                    const int bit = __ffs(bits) - 1;
+                    bits &= bits - 1;
+                    misses[(i64)b * Kk + i++] = (i64)w * 32 + bit;
+                }
+            }
             // step 3: candidates = unprotected non-hit slots, keyed (stamp, slot); then the
             // nv first in LRU order, (stamp, slot) ascending
             const i64* stamp = ptr<const i64>(row, T_HOT_STAMP);
@@ -322,10 +298,7 @@ __device__ __forceinline__ void lookup_body(
             block_add(&cnt[5], n_cand);
             __syncthreads();
             nv = min((unsigned)m, (unsigned)cnt[5]);
-            // radix select when asked (1), or by default (2) when the keys outgrow the
-            // register sort (the shared-memory bitonic sort of Bp > SORT_N keys is slow)
-            const bool radix = select_mode == 1 || (select_mode == 2 && Bp > SORT_N);
-            if (radix && nv <= SELECT_MAX && nv > 0) {
+            if (select_mode == 1 && nv <= SELECT_MAX && nv > 0) {
                 select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal);
             } else {
                 if (Bp == SORT_N) sort_4096(keys);
@@ -410,10 +383,9 @@ __device__ __forceinline__ void lookup_body(
         i64 *__restrict__ locs, i64 *__restrict__ need_loc, i64 *__restrict__ misses,                       \
         i32 *__restrict__ victims, i32 *__restrict__ hit_slots, i64 *__restrict__ summary,                  \
         i64 *__restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,             \
-        i64 finished_epoch, int select_mode, const i64 *__restrict__ pf_ptrs, int pf_layers, unsigned row_bytes, \
-        int pf_rows
+        i64 finished_epoch, int select_mode
 #define LOOKUP_PASS table, sel, visible, locs, need_loc, misses, victims, hit_slots, summary, totals, batch, K, \
-                    k, B, Bp, T, p, W, finished_epoch, select_mode, pf_ptrs, pf_layers, row_bytes, pf_rows
+                    k, B, Bp, T, p, W, finished_epoch, select_mode
 // One block per SM (64 registers, 4 loads in flight per thread) ...
 extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) { lookup_body<4>(LOOKUP_PASS); }
 // ... or two (32 registers, 2 loads in flight): a batch above the SM count in one wave.

@@ -38,10 +38,7 @@ class Case:
         n = bs * K * k
         self.out = kres.CopyList(*(torch.empty(n, dtype=torch.int64, device=dev) for _ in range(4)))
         self.sels: dict[int, torch.Tensor] = {}
-        # L2 prefetch budget of the lookup (bytes; None = DHISPARSE_PREFETCH_MB) and copy
-        # blocks of the commit (None = DHISPARSE_COPY_BLOCKS)
-        self.prefetch: int | None = None
-        self.copy_blocks: int | None = None
+        self.copy_blocks: int | None = None  # blocks of the miss copies (None = default)
         self.select: str | None = None  # victim ordering (None = DHISPARSE_VICTIM_SELECT)
 
     def sel(self, i: int) -> torch.Tensor:
@@ -70,9 +67,6 @@ class Case:
             page_rows=PAGE_ROWS,
             rows_bound=st.tail_lo,
             finished_epoch=0,
-            host_ptrs=self.host_ptrs,
-            row_bytes=self.item,
-            prefetch_bytes=self.prefetch,
             select=self.select,
         )
 

@@ -98,8 +98,8 @@ def run_ours(args: dict, rec: dict) -> None:
             run_k8(args, rec, states[configs[0][1]], host, pool, item, configs[0][0], flush)
             if args["blocks_sweep"]:
                 run_blocks_sweep(args, rec, states[configs[0][1]], host, pool, item, configs[0][0])
-            if args["prefetch_sweep"]:
-                run_prefetch_sweep(args, rec, host, pool, item, configs[0])
+            if args["copy_sweep"]:
+                run_copy_sweep(args, rec, host, pool, item, configs[0])
         del pool
     torch.cuda.cudart().cudaHostUnregister(host_raw.data_ptr()) if how.startswith(
         "cudaHost"
@@ -175,44 +175,43 @@ def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k:
     del flush
 
 
-PREFETCH_SWEEP = ((1, "cold"), (32, "cold"), (1, "miss20"), (32, "miss20"), (160, "miss20"))
+COPY_SWEEP = ((1, "cold"), (32, "cold"), (1, "miss20"), (32, "miss20"), (160, "miss20"))
 
 
-def run_prefetch_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None:
-    """L2 prefetch budget of the lookup (MB, 0 = off), copy blocks of the commit and victim
-    ordering, on the miss-heavy cases. A fresh State (new random row order, same host pool):
-    its calls may re-read rows the main cases read (L2 is flushed before each timing)."""
+def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None:
+    """Copy blocks of the commit (fewer blocks = fewer host rows in flight at once) and the
+    victim ordering, on the miss-heavy cases. A fresh State (new random row order, same host
+    pool): its calls may re-read rows the main cases read (L2 is flushed before each
+    timing); a case out of never-read windows starts over at window 0."""
     k, B = config
-    st = State(max(b for b, _ in PREFETCH_SWEEP), args["seq_len"], B, pool.device)
+    st = State(max(b for b, _ in COPY_SWEEP), args["seq_len"], B, pool.device)
     flush = Flusher(pool.device)
     reps, warm = max(5, args["reps"] // 2), 2
-    # (prefetch MB, copy blocks, victim select): run 12's defaults first
-    settings = [(0, None, "radix"), (0, None, "sort")] + [(mb, None, "sort") for mb in (8, 16, 32)]
-    settings += [(16, n, "sort") for n in (33, 66, 132)]
+    settings = [(None, "radix"), (None, "sort")] + [(n, "radix") for n in (16, 33, 66, 132)]
     out, window = [], {}
-    for bs, prof in PREFETCH_SWEEP:
+    for bs, prof in COPY_SWEEP:
         if bs > st.P:
             continue
         cold = prof == "cold"
         m = k if cold else round(PROFILES[prof] * k)
         case = Case(st, host, pool, item, bs, 1, k, m, cold)
         have = (st.tail_lo // k) if cold else st.nonres.shape[1] // m
-        for mb, blocks, select in settings:
+        for blocks, select in settings:
             off = window.get((bs, prof), 0)
-            if off + reps + warm + 1 > have:  # out of unread windows: start over
+            if off + reps + warm + 1 > have:  # out of never-read windows: start over
                 off = 0
             window[(bs, prof)] = off + reps + warm + 1
-            case.prefetch, case.copy_blocks, case.select = mb << 20, blocks, select
+            case.copy_blocks, case.select = blocks, select
             ok = case.check(off)["ok"]
             us = statistics.median(time_gpu(
                 lambda i, o=off, c=case: c.call(i + o + 1), reps, warm,
                 before=lambda i, o=off, c=case: c.before(i + o + 1), flush=flush))
-            r = {"batch": bs, "profile": prof, "prefetch_mb": mb, "select": select,
+            r = {"batch": bs, "profile": prof, "select": select,
                  "copy_blocks": blocks or "auto", "ok": ok, "us": us,
                  "GBps": m * bs * item / us / 1e3}
             out.append(r)
-            print(f"prefetch={mb:2d} MB copy_blocks={r['copy_blocks']!s:4s} {select:5s} bs={bs:3d} "
-                  f"{prof:6s} us={us:8.1f} GB/s={r['GBps']:5.1f} ok={ok}", flush=True)
+            print(f"copy_blocks={r['copy_blocks']!s:4s} {select:5s} bs={bs:3d} {prof:6s} "
+                  f"us={us:8.1f} GB/s={r['GBps']:5.1f} ok={ok}", flush=True)
         del case
-    rec["prefetch_sweep"] = {"item_bytes": item, "top_k": k, "cases": out}
+    rec["copy_sweep"] = {"item_bytes": item, "top_k": k, "cases": out}
     del st, flush

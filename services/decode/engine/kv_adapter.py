@@ -7,8 +7,7 @@ Per round and source group ``g`` (model group ``g`` ↔ hierarchy group ``"g{g}"
     resolve(g, ...)         first finishes every earlier group of the round (its readers
                             are done: fence, release its staged rows, so the shared
                             staging arena is reused by this group), then one hierarchy
-                            resolve → ResolvePlan (locations + host copies; the fused
-                            resolve copies payload 0's rows itself)
+                            resolve → ResolvePlan (locations + host copies)
     pool(g, p)              applies the plan's host copies to payload p on first use, so
                             follower copies happen just before the layer that reads them
     finish_round()          every reader finished: fence, release staging
@@ -39,7 +38,6 @@ class HierarchyKV:
         self.h = hierarchy
         self._resolve, self._apply = ref_resolve, ref_apply_copies
         self._release = release_staging
-        self._copy_layers: tuple[int, ...] = ()  # layers the resolve copies itself
         if fused is None:
             fused = hierarchy.config.torch_device.type == "cuda"
         if fused:
@@ -47,7 +45,6 @@ class HierarchyKV:
 
             self._resolve, self._apply = kernels.resolve, kernels.apply_copies
             self._release = kernels.release_staging_async  # no host read per group
-            self._copy_layers = (0,)  # payload 0's misses in the commit launch (L2 prefetched)
         self.names = [f"g{g}" for g in range(groups)]
         self.request_of: dict[int, str] = {}
         self.counts = SelectionCounts()
@@ -118,13 +115,9 @@ class HierarchyKV:
             opened = torch.tensor([g.request(r).tail_hi for r in rids], dtype=torch.int64,
                                   device=bounds.device)
         visible = torch.minimum(bounds, opened.view(-1, 1))  # padding queries see no more
-        if self._copy_layers:
-            plan = self._resolve(g, rids, selections, visible, copy_layers=self._copy_layers)
-        else:
-            plan = self._resolve(g, rids, selections, visible)
-        self.counts.add(plan.counts)  # host_bytes: those of the layers the resolve copied
-        self.copied_bytes += plan.counts.host_bytes
-        self._plans[group] = (plan, set(g.pending_layers) if plan.copy_rows.numel() else set())
+        plan = self._resolve(g, rids, selections, visible)
+        self.counts.add(plan.counts)
+        self._plans[group] = (plan, set(range(g.spec.payload_layers)))
         return plan.locations
 
     def pool(self, group: int, payload: int) -> torch.Tensor:
