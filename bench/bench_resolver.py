@@ -99,6 +99,7 @@ def command(
             "victim_select": kres_select(),
             "lookup_blocks": os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto"),
             "copy_blocks": os.environ.get("DHISPARSE_COPY_BLOCKS", "auto"),
+            "pdl": os.environ.get("DHISPARSE_PDL", "1"),
         },
         "setup": {k: v for k, v in args.items() if k != "out"},
         "cases": [],

@@ -7,7 +7,9 @@ inside functions, so ``import kernels`` works on a machine without it.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,83 @@ def launch(
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream, dev)
     with cupy.cuda.Device(dev), stream:
         fn(grid, block, args, shared_mem=shared)
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute (cuda.h): 72 bytes
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_ubyte * 4), ("value", ctypes.c_ubyte * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig (cuda.h): 56 bytes
+    _fields_ = [
+        ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint),
+    ]
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_CTYPE = {("u", 8): ctypes.c_uint64, ("i", 8): ctypes.c_int64, ("u", 4): ctypes.c_uint32,
+          ("i", 4): ctypes.c_int32}
+
+
+def pdl_enabled() -> bool:
+    """``DHISPARSE_PDL`` (1 | 0, default 1): dependent launches use programmatic dependent
+    launch (``launch_dependent``); 0 launches them like any other kernel."""
+    value = os.environ.get("DHISPARSE_PDL", "1")
+    if value not in ("0", "1"):
+        raise InvalidArgument(f"DHISPARSE_PDL={value!r} must be 0 or 1")
+    return value == "1"
+
+
+@functools.cache
+def _launch_kernel_ex() -> Any:
+    """The driver's cuLaunchKernelEx, or None where there is none (no driver, CUDA < 12)."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                   ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    return fn
+
+
+def kernel_params(args: tuple) -> tuple[Any, list]:
+    """``void**`` kernel parameters for numpy scalars (the ctypes values kept alive with it)."""
+    values = []
+    for a in args:
+        kind = np.asarray(a).dtype
+        values.append(_CTYPE[(kind.kind, kind.itemsize)](a.item()))
+    array = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
+    return array, values
+
+
+def launch_dependent(
+    fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared: int = 0
+) -> bool:
+    """Launch right behind the stream's previous kernel with programmatic dependent launch
+    (Hopper): the grid may be scheduled while that kernel still runs, once it executed
+    ``griddepcontrol.launch_dependents``, and must execute ``griddepcontrol.wait`` before
+    touching its results. Only for a kernel whose stream predecessor is such a producer.
+    Returns False after an ordinary ``launch`` (DHISPARSE_PDL=0, or no cuLaunchKernelEx)."""
+    ex = _launch_kernel_ex() if pdl_enabled() else None
+    if ex is None:
+        launch(fn, grid, block, args, shared)
+        return False
+    dims = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
+    attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1  # value.programmaticStreamSerializationAllowed (int, little endian)
+    cfg = _LaunchConfig(*dims[0], *dims[1], shared, torch.cuda.current_stream().cuda_stream,
+                        ctypes.pointer(attr), 1)
+    params, keep = kernel_params(args)
+    with torch.cuda.device(torch.cuda.current_device()):
+        rc = ex(ctypes.byref(cfg), ctypes.c_void_p(fn.kernel.ptr), params, None)
+    del keep
+    if rc != 0:
+        raise RuntimeError(
+            f"cuLaunchKernelEx failed with CUresult {rc} (grid={grid}, block={block})")
+    return True
 
 
 def ptr(t: torch.Tensor) -> np.uint64:

@@ -23,6 +23,7 @@ from ._loader import (
     dynamic_shared_cap,
     kernel,
     launch,
+    launch_dependent,
     ptr,
     sm_count,
     vec_width,
@@ -225,13 +226,19 @@ def commit(
     payloads: torch.Tensor | None = None,
     row_bytes: int = 16,
     copy_blocks: int | None = None,
+    dependent: bool = False,
 ) -> None:
     """Launch 2: apply the lookup (victims, stamps, staging), finish ``locations`` and the
     copy list; with ``host_ptrs`` (int64 [L, batch]) and ``payloads`` (int64 [L]) also copy
     the misses of those L layers from mapped host memory. Staged rows take
     ``stage_locs[0..]`` in (request, ascending row) order; if they do not fit, status gets
-    ST_STAGING and nothing changes. copy_blocks: blocks sharing the miss copies (default
-    ``default_copy_blocks``)."""
+    ST_STAGING and nothing changes.
+
+    copy_blocks: blocks sharing the miss copies (default ``default_copy_blocks``; None = the
+    kernel picks about one per 512 16-byte items of the mean request, 16 to 2 per SM).
+    dependent: this launch directly follows ``lookup`` on the stream (the sync-free path):
+    it goes out with programmatic dependent launch, so its blocks are scheduled while the
+    lookup runs and start the moment it ends (``_loader.launch_dependent``)."""
     batch, k_queries, k = selections.shape
     check("stage_locs", stage_locs, torch.int64, 1, "cuda")
     for name, t in (("out.batch", out.batch), ("out.rows", out.rows), ("out.dst", out.dst)):
@@ -271,24 +278,27 @@ def commit(
         np.uint32(row_bytes),
         np.int64(epoch),
     )
-    if not layers:
-        copy_blocks = 0
-    elif copy_blocks is None:
-        copy_blocks = default_copy_blocks(dev)
-    elif not 1 <= copy_blocks <= MAX_COPY_BLOCKS:
+    if copy_blocks is None:
+        copy_blocks = default_copy_blocks()
+    if copy_blocks is not None and not 1 <= copy_blocks <= MAX_COPY_BLOCKS:
         raise InvalidArgument(f"copy_blocks={copy_blocks} must be in [1, {MAX_COPY_BLOCKS}]")
-    launch(fn, (batch + copy_blocks,), (COMMIT_THREADS,), args)
+    args += (np.int32(copy_blocks or 0),)  # 0: the kernel's rule over the launched blocks
+    grid = batch + ((copy_blocks or sm_count(dev) * COPY_BLOCKS_PER_SM) if layers else 0)
+    if dependent:
+        launch_dependent(fn, (grid,), (COMMIT_THREADS,), args)
+    else:
+        launch(fn, (grid,), (COMMIT_THREADS,), args)
 
 
 MAX_COPY_BLOCKS = 1 << 16
 
 
-def default_copy_blocks(device: int) -> int:
-    """Copy blocks of ``commit``: ``DHISPARSE_COPY_BLOCKS`` (an integer, or auto = as many as
-    fit the SMs at once, COPY_BLOCKS_PER_SM each)."""
+def default_copy_blocks() -> int | None:
+    """Copy blocks of ``commit``: ``DHISPARSE_COPY_BLOCKS`` = an integer, or auto (None:
+    2 per SM launched, the kernel puts ~one per 512 items of the mean request to work)."""
     value = os.environ.get("DHISPARSE_COPY_BLOCKS", "auto")
     if value == "auto":
-        return sm_count(device) * COPY_BLOCKS_PER_SM
+        return None
     if not value.isdigit() or not 1 <= int(value) <= MAX_COPY_BLOCKS:
         raise InvalidArgument(
             f"DHISPARSE_COPY_BLOCKS={value!r} must be auto or an integer in [1, {MAX_COPY_BLOCKS}]")

@@ -125,6 +125,11 @@ __device__ __forceinline__ void lookup_body(
     i64* l_b = locs + (i64)b * Kk;
     const i64 nbits = (i64)W * 32;
     TRACE(0);
+#if __CUDA_ARCH__ >= 900
+    // a commit launched behind this grid with PDL may be scheduled now (it waits for this
+    // grid's completion before reading anything): its launch overlaps the lookup
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
 
     for (int w = threadIdx.x; w < W; w += NT) need_bm[w] = 0u;
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0ull;

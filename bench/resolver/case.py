@@ -85,6 +85,7 @@ class Case:
             payloads=self.payloads,
             row_bytes=self.item,
             copy_blocks=self.copy_blocks,
+            dependent=True,  # right behind the lookup: PDL unless DHISPARSE_PDL=0
         )
 
     def check(self, i: int) -> dict:

@@ -175,19 +175,26 @@ def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k:
     del flush
 
 
-COPY_SWEEP = ((1, "cold"), (32, "cold"), (1, "miss20"), (32, "miss20"), (160, "miss20"))
+COPY_SWEEP = ((32, "hit100"), (1, "cold"), (32, "cold"), (1, "miss20"), (32, "miss20"),
+              (160, "miss20"))
 
 
 def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None:
-    """Copy blocks of the commit (fewer blocks = fewer host rows in flight at once) and the
-    victim ordering, on the miss-heavy cases. A fresh State (new random row order, same host
-    pool): its calls may re-read rows the main cases read (L2 is flushed before each
-    timing); a case out of never-read windows starts over at window 0."""
+    """Copy blocks of the commit (the kernel's rule, a fixed count; fewer blocks = fewer host
+    rows in flight at once), the commit's programmatic dependent launch (DHISPARSE_PDL) and
+    the victim ordering, on the no-miss and miss-heavy cases. A fresh State (new random row
+    order, same host pool): its calls may re-read rows the main cases read (L2 is flushed
+    before each timing); a case out of never-read windows starts over at window 0."""
+    from kernels._loader import sm_count
+
     k, B = config
     st = State(max(b for b, _ in COPY_SWEEP), args["seq_len"], B, pool.device)
     flush = Flusher(pool.device)
     reps, warm = max(5, args["reps"] // 2), 2
-    settings = [(None, "radix"), (None, "sort")] + [(n, "radix") for n in (16, 33, 66, 132)]
+    every = sm_count(pool.device.index or 0) * 2
+    # (copy blocks, victim select, PDL): the defaults first
+    settings = [(None, "radix", "1"), (None, "radix", "0"), (every, "radix", "1"),
+                (16, "radix", "1"), (66, "radix", "1"), (None, "sort", "1")]
     out, window = [], {}
     for bs, prof in COPY_SWEEP:
         if bs > st.P:
@@ -195,23 +202,25 @@ def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None
         cold = prof == "cold"
         m = k if cold else round(PROFILES[prof] * k)
         case = Case(st, host, pool, item, bs, 1, k, m, cold)
-        have = (st.tail_lo // k) if cold else st.nonres.shape[1] // m
-        for blocks, select in settings:
+        have = (st.tail_lo // k) if cold else (st.nonres.shape[1] // m if m else 1 << 30)
+        for blocks, select, pdl in settings:
             off = window.get((bs, prof), 0)
             if off + reps + warm + 1 > have:  # out of never-read windows: start over
                 off = 0
             window[(bs, prof)] = off + reps + warm + 1
             case.copy_blocks, case.select = blocks, select
+            os.environ["DHISPARSE_PDL"] = pdl
             ok = case.check(off)["ok"]
             us = statistics.median(time_gpu(
                 lambda i, o=off, c=case: c.call(i + o + 1), reps, warm,
                 before=lambda i, o=off, c=case: c.before(i + o + 1), flush=flush))
-            r = {"batch": bs, "profile": prof, "select": select,
-                 "copy_blocks": blocks or "auto", "ok": ok, "us": us,
-                 "GBps": m * bs * item / us / 1e3}
+            r = {"batch": bs, "profile": prof, "select": select, "pdl": pdl == "1",
+                 "copy_blocks": blocks or "rule", "ok": ok, "us": us,
+                 "GBps": m * bs * item / us / 1e3 if m else None}
             out.append(r)
-            print(f"copy_blocks={r['copy_blocks']!s:4s} {select:5s} bs={bs:3d} {prof:6s} "
-                  f"us={us:8.1f} GB/s={r['GBps']:5.1f} ok={ok}", flush=True)
+            print(f"copy_blocks={r['copy_blocks']!s:4s} {select:5s} pdl={pdl} bs={bs:3d} "
+                  f"{prof:6s} us={us:8.1f} GB/s={(r['GBps'] or 0):5.1f} ok={ok}", flush=True)
         del case
+    os.environ.pop("DHISPARSE_PDL", None)
     rec["copy_sweep"] = {"item_bytes": item, "top_k": k, "cases": out}
     del st, flush

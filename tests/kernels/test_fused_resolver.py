@@ -166,8 +166,8 @@ def check_round(
         p_k.counts, host_bytes=0)
     for layer in range(h_ref.layers):
         n_ref = ref.apply_copies(h_ref.group, p_ref, layer)
-        if layer in copy_layers:  # done by the commit launch; applying again is refused
-            with pytest.raises(FailedPrecondition, match="is not pending"):
+        if layer in copy_layers and p_k.copy_rows.numel():  # the commit launch copied it:
+            with pytest.raises(FailedPrecondition, match="is not pending"):  # once only
                 dropin.apply_copies(h_k.group, p_k, layer)
         else:
             assert n_ref == dropin.apply_copies(h_k.group, p_k, layer)
@@ -253,11 +253,93 @@ def test_copy_blocks_setting_is_validated(monkeypatch) -> None:
     from kernels import resolver as kres
 
     monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", "66")
-    assert kres.default_copy_blocks(0) == 66
+    assert kres.default_copy_blocks() == 66
+    monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", "auto")
+    assert kres.default_copy_blocks() is None  # the kernel's rule
     for bad in ("0", "-3", "many", str(kres.MAX_COPY_BLOCKS + 1)):
         monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", bad)
-        with pytest.raises(InvalidArgument, match="DHISPARSE_COPY_BLOCKS"):
-            kres.default_copy_blocks(0)
+        with pytest.raises(InvalidArgument, match=f"DHISPARSE_COPY_BLOCKS='{bad}' must be"):
+            kres.default_copy_blocks()
+
+
+def test_dependent_launch_structures_match_cuda_h() -> None:
+    """ctypes mirrors of CUlaunchAttribute / CUlaunchConfig (offsets from cuda.h of CUDA 13:
+    gcc offsetof) and the void** parameter block handed to cuLaunchKernelEx."""
+    import ctypes
+
+    import numpy as np
+
+    from kernels import _loader as ld
+
+    assert ctypes.sizeof(ld._LaunchAttribute) == 72 and ld._LaunchAttribute.value.offset == 8
+    cfg = ld._LaunchConfig
+    assert ctypes.sizeof(cfg) == 56
+    assert [cfg.sharedMemBytes.offset, cfg.hStream.offset, cfg.attrs.offset,
+            cfg.numAttrs.offset] == [24, 32, 40, 48]
+    args = (np.uint64(2**63 + 5), np.int32(-3), np.uint32(7), np.int64(-9))
+    block, _keep = ld.kernel_params(args)
+    types = (ctypes.c_uint64, ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64)
+    got = [ctypes.cast(block[i], ctypes.POINTER(t)).contents.value for i, t in enumerate(types)]
+    assert got == [2**63 + 5, -3, 7, -9]
+
+
+def test_pdl_setting_is_validated(monkeypatch) -> None:
+    from kernels import _loader as ld
+
+    monkeypatch.setenv("DHISPARSE_PDL", "0")
+    assert not ld.pdl_enabled()
+    monkeypatch.setenv("DHISPARSE_PDL", "yes")
+    with pytest.raises(InvalidArgument, match="DHISPARSE_PDL='yes' must be 0 or 1"):
+        ld.pdl_enabled()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES[:5], ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
+def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monkeypatch) -> None:
+    """lookup, then commit + the miss copies of every layer, back to back on the stream with
+    no host read between (the sync-free path); the commit launched with PDL against the
+    same launches without it: same locations, totals, copy list, hot-cache state and bytes."""
+    from kernels import _loader, dropin
+    from kernels import resolver as kres
+
+    batch, k_queries, k, hot, staging, row_bytes = case
+    seed = random.randrange(1 << 30)
+    h_a, h_b, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    gen = torch.Generator().manual_seed(seed)
+    launched = []
+    for hit_frac in (0.0, 0.8, 1.0, 0.3):
+        sel = selections(h_a, rids, k_queries, k, hit_frac, gen)
+        outs = []
+        for h, pdl in ((h_a, "0"), (h_b, "1")):
+            monkeypatch.setenv("DHISPARSE_PDL", pdl)
+            g, n = h.group, sel.numel()
+            ws = kres.Workspace.new(batch, k_queries * k, g.hot_slots, g.device)
+            table = dropin.request_table(g, [g.request(r) for r in rids])
+            host, pay = dropin._copy_pointers(g, rids, range(g.spec.payload_layers))
+            stage = torch.tensor(sorted(g.staging.free_locs), dtype=torch.int64, device=g.device)
+            out = kres.CopyList(*(torch.full((n,), -5, dtype=torch.int64, device=g.device)
+                                  for _ in range(4)))
+            locs = torch.full_like(sel, -7)
+            vis = h.causal_bounds(rids, k_queries)
+            torch.cuda.synchronize()
+            kres.lookup(ws, table, sel, vis, locs, hot_slots=g.hot_slots,
+                        tail_rows=g.config.tail_rows, page_rows=g.config.page_rows,
+                        rows_bound=max(g.request(r).tail_lo for r in rids),
+                        finished_epoch=g.finished_epoch)
+            kres.commit(ws, table, sel, locs, stage, out, epoch=g.clock + 1,
+                        hot_slots=g.hot_slots, host_ptrs=host, payloads=pay,
+                        row_bytes=row_bytes, dependent=True)
+            torch.cuda.synchronize()
+            totals = ws.totals[: kres.TOT_COLS + 2 * (batch + 1)].cpu()
+            outs.append((locs.cpu(), totals, [t.cpu() for t in (out.batch, out.rows, out.dst,
+                                                              out.staged_rows)], snapshot(h)))
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+        for x, y in zip(outs[0][2], outs[1][2], strict=True):
+            assert torch.equal(x, y)
+        assert_same(outs[0][3], outs[1][3])
+        launched.append(int(outs[1][1][kres.R_COPIES]))
+    assert any(launched) and _loader._launch_kernel_ex() is not None  # copies ran, PDL was used
+
 
 
 @pytest.mark.gpu
