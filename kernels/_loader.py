@@ -113,16 +113,26 @@ def pdl_enabled() -> bool:
 
 
 @functools.cache
-def _launch_kernel_ex() -> Any:
-    """The driver's cuLaunchKernelEx, or None where there is none (no driver, CUDA < 12)."""
+def _driver() -> Any:
+    """libcuda with cuLaunchKernelEx / cuGetErrorName typed, or None where there is none
+    (no driver, a driver before CUDA 12)."""
     try:
-        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+        lib = ctypes.CDLL("libcuda.so.1")
+        ex, name = lib.cuLaunchKernelEx, lib.cuGetErrorName
     except (OSError, AttributeError):
         return None
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+    ex.restype = name.restype = ctypes.c_int
+    ex.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
                    ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-    return fn
+    name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return lib
+
+
+def _error_name(lib: Any, rc: int) -> str:
+    text = ctypes.c_char_p()
+    if lib.cuGetErrorName(rc, ctypes.byref(text)) == 0 and text.value:
+        return text.value.decode()
+    return f"CUresult {rc}"
 
 
 def kernel_params(args: tuple) -> tuple[Any, list]:
@@ -139,26 +149,30 @@ def launch_dependent(
     fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared: int = 0
 ) -> bool:
     """Launch right behind the stream's previous kernel with programmatic dependent launch
-    (Hopper): the grid may be scheduled while that kernel still runs, once it executed
-    ``griddepcontrol.launch_dependents``, and must execute ``griddepcontrol.wait`` before
-    touching its results. Only for a kernel whose stream predecessor is such a producer.
-    Returns False after an ordinary ``launch`` (DHISPARSE_PDL=0, or no cuLaunchKernelEx)."""
-    ex = _launch_kernel_ex() if pdl_enabled() else None
-    if ex is None:
+    (compute capability 9.0+): the grid may be scheduled while that kernel still runs, once
+    it executed ``griddepcontrol.launch_dependents``, and must execute
+    ``griddepcontrol.wait`` before touching its results (a predecessor that never signals
+    counts as signalling when it ends). Returns False after an ordinary ``launch``
+    (DHISPARSE_PDL=0, a GPU before Hopper, or no cuLaunchKernelEx in the driver)."""
+    dev = torch.cuda.current_device()
+    lib = _driver() if pdl_enabled() and torch.cuda.get_device_capability(dev)[0] >= 9 else None
+    if lib is None:
         launch(fn, grid, block, args, shared)
         return False
+    import cupy
+
     dims = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
     attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
     attr.value[0] = 1  # value.programmaticStreamSerializationAllowed (int, little endian)
     cfg = _LaunchConfig(*dims[0], *dims[1], shared, torch.cuda.current_stream().cuda_stream,
                         ctypes.pointer(attr), 1)
     params, keep = kernel_params(args)
-    with torch.cuda.device(torch.cuda.current_device()):
-        rc = ex(ctypes.byref(cfg), ctypes.c_void_p(fn.kernel.ptr), params, None)
+    with cupy.cuda.Device(dev):  # the device's context current on this thread, as launch()
+        rc = lib.cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(fn.kernel.ptr), params, None)
     del keep
     if rc != 0:
         raise RuntimeError(
-            f"cuLaunchKernelEx failed with CUresult {rc} (grid={grid}, block={block})")
+            f"cuLaunchKernelEx failed: {_error_name(lib, rc)} (grid={grid}, block={block})")
     return True
 
 

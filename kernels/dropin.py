@@ -40,6 +40,7 @@ from .resolver import (
     CopyList,
     Workspace,
     commit,
+    default_copy_blocks,
     lookup,
     plan_copy,
     promote,
@@ -134,8 +135,10 @@ def resolve(
 
     copy_layers: payload layers (at most 4) whose miss copies the commit launch does itself
     (the sync-free path's copies: no separate launch, no pointer upload per layer) -- as if
-    ``apply_copies`` had run for each of them (same bytes, counters, pending layers). Left
-    to ``apply_copies`` on the reference path, or when host rows are not page-locked."""
+    ``apply_copies`` had run for each of them (same bytes, counters, pending layers: the
+    plan's layers still to apply are ``group.pending_layers``). Left to ``apply_copies`` on
+    the reference path, when some request has no host history, or when host rows are not
+    page-locked."""
     if group.device.type != "cuda":
         return ref.resolve(group, request_ids, selections, visible)
     states = _structural_checks(group, request_ids, selections, visible)
@@ -157,6 +160,7 @@ def resolve(
     ptrs = _copy_pointers(group, request_ids, copy_layers) if copy_layers else None
     if ptrs is None:
         copy_layers = ()
+    copy_blocks = default_copy_blocks()  # a bad setting raises here, before any change
     ws = _workspace(group, batch, k_queries * k)
     table = request_table(group, states)
     locations = torch.empty_like(selections)
@@ -200,7 +204,7 @@ def resolve(
     commit(
         ws, table, selections, locations, stage_locs, out, epoch=epoch, hot_slots=group.hot_slots,
         host_ptrs=ptrs[0] if ptrs else None, payloads=ptrs[1] if ptrs else None,
-        row_bytes=group.spec.row_bytes,
+        row_bytes=group.spec.row_bytes, copy_blocks=copy_blocks,
     )
     for s in states:
         s.last_read_epoch = epoch

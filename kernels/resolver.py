@@ -234,8 +234,9 @@ def commit(
     ``stage_locs[0..]`` in (request, ascending row) order; if they do not fit, status gets
     ST_STAGING and nothing changes.
 
-    copy_blocks: blocks sharing the miss copies (default ``default_copy_blocks``; None = the
-    kernel picks about one per 512 16-byte items of the mean request, 16 to 2 per SM).
+    copy_blocks: blocks sharing the miss copies; 0 = the kernel's rule (2 per SM launched,
+    about one per 512 copy items of the mean request's misses at work, at least 16); None =
+    ``default_copy_blocks()``.
     dependent: this launch directly follows ``lookup`` on the stream (the sync-free path):
     it goes out with programmatic dependent launch, so its blocks are scheduled while the
     lookup runs and start the moment it ends (``_loader.launch_dependent``)."""
@@ -280,9 +281,9 @@ def commit(
     )
     if copy_blocks is None:
         copy_blocks = default_copy_blocks()
-    if copy_blocks is not None and not 1 <= copy_blocks <= MAX_COPY_BLOCKS:
-        raise InvalidArgument(f"copy_blocks={copy_blocks} must be in [1, {MAX_COPY_BLOCKS}]")
-    args += (np.int32(copy_blocks or 0),)  # 0: the kernel's rule over the launched blocks
+    if not 0 <= copy_blocks <= MAX_COPY_BLOCKS:
+        raise InvalidArgument(f"copy_blocks={copy_blocks} must be in [0, {MAX_COPY_BLOCKS}]")
+    args += (np.int32(copy_blocks),)
     grid = batch + ((copy_blocks or sm_count(dev) * COPY_BLOCKS_PER_SM) if layers else 0)
     if dependent:
         launch_dependent(fn, (grid,), (COMMIT_THREADS,), args)
@@ -293,12 +294,12 @@ def commit(
 MAX_COPY_BLOCKS = 1 << 16
 
 
-def default_copy_blocks() -> int | None:
-    """Copy blocks of ``commit``: ``DHISPARSE_COPY_BLOCKS`` = an integer, or auto (None:
-    2 per SM launched, the kernel puts ~one per 512 items of the mean request to work)."""
+def default_copy_blocks() -> int:
+    """Copy blocks of ``commit``: ``DHISPARSE_COPY_BLOCKS`` = an integer >= 1, or auto (0:
+    the kernel's rule, see ``commit``)."""
     value = os.environ.get("DHISPARSE_COPY_BLOCKS", "auto")
     if value == "auto":
-        return None
+        return 0
     if not value.isdigit() or not 1 <= int(value) <= MAX_COPY_BLOCKS:
         raise InvalidArgument(
             f"DHISPARSE_COPY_BLOCKS={value!r} must be auto or an integer in [1, {MAX_COPY_BLOCKS}]")

@@ -56,7 +56,7 @@ __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict
 }
 
 #define COPY_BLOCKS_MIN 16
-#define COPY_ITEMS_PER_BLOCK 512  // 16-byte items of the mean request per copy block at work
+#define COPY_ITEMS_PER_BLOCK 512  // W-byte items of the mean request per copy block at work
 
 // grid: [0, batch) commit blocks, [batch, gridDim.x) copy blocks (n_layers may be 0).
 template <int W>
@@ -92,8 +92,10 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     if ((int)blockIdx.x >= batch) {
         const i64 n_copies = totals[R_COPIES];
         if (n_copies == 0 || n_layers == 0) return;
-        // Copy blocks at work: copy_blocks, or (0) about one per COPY_ITEMS_PER_BLOCK items of
-        // the mean request, at least COPY_BLOCKS_MIN. Few misses per request spread over many
+        // Copy blocks at work: copy_blocks, or (0) about one per COPY_ITEMS_PER_BLOCK W-byte
+        // items of the mean request's misses in one layer, at least COPY_BLOCKS_MIN (layers
+        // are copied one after the other, so the requests in flight at once depend on the
+        // rows per request, not on the layer count). Few misses per request spread over many
         // requests read fastest with fewer rows in flight (H200, 656 B rows, 20% misses,
         // batch 160: 1788 us with 264 blocks, 1508 with 33, 1411 with 16), while a dense
         // request wants every block (cold, batch 1: 53.7 us with 264, 56.1 with 16).

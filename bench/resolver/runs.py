@@ -192,9 +192,10 @@ def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None
     flush = Flusher(pool.device)
     reps, warm = max(5, args["reps"] // 2), 2
     every = sm_count(pool.device.index or 0) * 2
-    # (copy blocks, victim select, PDL): the defaults first
-    settings = [(None, "radix", "1"), (None, "radix", "0"), (every, "radix", "1"),
-                (16, "radix", "1"), (66, "radix", "1"), (None, "sort", "1")]
+    # (copy blocks (0 = the kernel's rule), victim select, PDL): the defaults first
+    settings = [(0, "radix", "1"), (0, "radix", "0"), (every, "radix", "1"),
+                (16, "radix", "1"), (66, "radix", "1"), (0, "sort", "1")]
+    pdl_before = os.environ.get("DHISPARSE_PDL")
     out, window = [], {}
     for bs, prof in COPY_SWEEP:
         if bs > st.P:
@@ -221,6 +222,9 @@ def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None
             print(f"copy_blocks={r['copy_blocks']!s:4s} {select:5s} pdl={pdl} bs={bs:3d} "
                   f"{prof:6s} us={us:8.1f} GB/s={(r['GBps'] or 0):5.1f} ok={ok}", flush=True)
         del case
-    os.environ.pop("DHISPARSE_PDL", None)
+    if pdl_before is None:
+        os.environ.pop("DHISPARSE_PDL", None)
+    else:
+        os.environ["DHISPARSE_PDL"] = pdl_before
     rec["copy_sweep"] = {"item_bytes": item, "top_k": k, "cases": out}
     del st, flush

@@ -223,12 +223,14 @@ def test_fused_resolver_matches_reference(
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES[:4], ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
-@pytest.mark.parametrize("copy_layers,copy_blocks", [((0,), "auto"), ((1, 0), "1"), ((0,), "7")])
+@pytest.mark.parametrize(
+    "copy_layers,copy_blocks", [((0,), "auto"), ((1, 0), "1"), ((0,), "7"), ((1,), "300")]
+)
 def test_commit_copies_layers_like_apply_copies(
     case: tuple, copy_layers: tuple, copy_blocks: str, monkeypatch
 ) -> None:
-    """Miss copies done inside the commit launch (by every SM's copy blocks, by one block,
-    by a few) give the reference's payload bytes, counters and state."""
+    """Miss copies done inside the commit launch (the kernel's rule, one block, a few, more
+    blocks than fit the GPU at once) give the reference's payload bytes, counters and state."""
     monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", copy_blocks)
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)
@@ -255,7 +257,7 @@ def test_copy_blocks_setting_is_validated(monkeypatch) -> None:
     monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", "66")
     assert kres.default_copy_blocks() == 66
     monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", "auto")
-    assert kres.default_copy_blocks() is None  # the kernel's rule
+    assert kres.default_copy_blocks() == 0  # the kernel's rule
     for bad in ("0", "-3", "many", str(kres.MAX_COPY_BLOCKS + 1)):
         monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", bad)
         with pytest.raises(InvalidArgument, match=f"DHISPARSE_COPY_BLOCKS='{bad}' must be"):
@@ -299,14 +301,16 @@ def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monke
     """lookup, then commit + the miss copies of every layer, back to back on the stream with
     no host read between (the sync-free path); the commit launched with PDL against the
     same launches without it: same locations, totals, copy list, hot-cache state and bytes."""
-    from kernels import _loader, dropin
+    from kernels import dropin
     from kernels import resolver as kres
 
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)
     h_a, h_b, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
     gen = torch.Generator().manual_seed(seed)
-    launched = []
+    launched, dependent = [], []
+    real = kres.launch_dependent
+    monkeypatch.setattr(kres, "launch_dependent", lambda *a: dependent.append(real(*a)))
     for hit_frac in (0.0, 0.8, 1.0, 0.3):
         sel = selections(h_a, rids, k_queries, k, hit_frac, gen)
         outs = []
@@ -338,7 +342,8 @@ def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monke
             assert torch.equal(x, y)
         assert_same(outs[0][3], outs[1][3])
         launched.append(int(outs[1][1][kres.R_COPIES]))
-    assert any(launched) and _loader._launch_kernel_ex() is not None  # copies ran, PDL was used
+    assert any(launched)  # copies ran
+    assert dependent == [False, True] * 4  # DHISPARSE_PDL=0 plain, =1 by cuLaunchKernelEx
 
 
 
