@@ -107,7 +107,11 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                                                                       COPY_ITEMS_PER_BLOCK));
         }
         active = min(active, ncb);
-        if ((int)blockIdx.x - batch >= active) return;
+        // the working blocks are spread over the launched ones (every step-th): consecutive
+        // blocks share SMs, and a commit launched with PDL is placed in index order onto
+        // whatever the lookup left free
+        const int step = ncb / active, cb = (int)blockIdx.x - batch;
+        if (cb % step != 0 || cb / step >= active) return;
         for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
             s_off[i] = copy_off[i];
             s_soff[i] = stage_off[i];
@@ -117,10 +121,10 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         const i64 items = n_copies * (row_bytes / W) * n_layers + (i64)active * blockDim.x * U;
         if (items < (1ll << 32))
             copy_misses<W, unsigned>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
-                                     batch, Kk, B, row_bytes, s_off, s_soff, n_copies, blockIdx.x - batch, active);
+                                     batch, Kk, B, row_bytes, s_off, s_soff, n_copies, cb / step, active);
         else
             copy_misses<W, i64>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
-                                batch, Kk, B, row_bytes, s_off, s_soff, n_copies, blockIdx.x - batch, active);
+                                batch, Kk, B, row_bytes, s_off, s_soff, n_copies, cb / step, active);
         return;
     }
     const int b = blockIdx.x;
