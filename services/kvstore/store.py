@@ -175,7 +175,7 @@ class KVStore:
                 f"history {key[0]}/{key[1]} exists with row_bytes={r.row_bytes}, "
                 f"num_rows={r.num_rows}; asked for row_bytes={row_bytes}, num_rows={num_rows}")
         deadline = max(self._leases.deadline(key), self._clock() + lease)
-        self._leases.renew(key, deadline)
+        self._persist_leases([key], deadline)
         return h.info(deadline)
 
     def close_history(self, request_id: str, source_id: int, owner: str) -> int:
@@ -289,19 +289,47 @@ class KVStore:
             else:
                 chosen = [k for k, h in self._histories.items() if h.record.owner == owner]
             deadline = self._clock() + lease
-            for key in chosen:
-                self._leases.renew(key, max(deadline, self._leases.deadline(key)))
+            self._persist_leases(chosen, deadline)
             return len(chosen), deadline
+
+    def _persist_leases(self, keys: list[HistoryKey], deadline: float) -> None:
+        """Move the leases of ``keys`` to at least ``deadline``, the manifest first: a store
+        restarted later keeps every lease a client was granted (recovery reads the
+        manifest). All or nothing: a failed manifest write changes no lease."""
+        saved: list[tuple[HistoryRecord, float]] = []
+        try:
+            for key in keys:
+                record = self._histories[key].record
+                if deadline > record.lease_expires:
+                    saved.append((record, record.lease_expires))
+                    record.lease_expires = deadline
+                    self._manifest.save(record)
+        except BaseException:
+            for record, before in saved:
+                record.lease_expires = before
+                self._manifest.save(record)
+            raise
+        for key in keys:
+            self._leases.renew(key, max(deadline, self._leases.deadline(key)))
 
     def expire(self) -> list[HistoryKey]:
         """Free every history whose lease ran out; returns their keys."""
         with self._lock:
-            due = self._leases.pop_expired(self._clock())
-            for key in due:
-                log.warning("lease of history %s/%s expired; freeing it", *key)
-                self._free(key)  # type: ignore[arg-type]
-            self._expiries += len(due)
-            return due  # type: ignore[return-value]
+            now = self._clock()
+            due = self._leases.pop_expired(now)
+            freed: list[HistoryKey] = []
+            try:
+                for key in due:
+                    log.warning("lease of history %s/%s expired; freeing it", *key)
+                    self._free(key)  # type: ignore[arg-type]
+                    freed.append(key)  # type: ignore[arg-type]
+            finally:
+                # a failed free (e.g. the manifest's disk) leaves that history and the rest
+                # due again on the next sweep instead of without a lease
+                for key in due[len(freed):]:
+                    self._leases.renew(key, now)
+                self._expiries += len(freed)
+            return freed
 
     # -- queries ---------------------------------------------------------------------
 
@@ -343,6 +371,12 @@ class KVStore:
         if h.record.owner != owner:
             raise PermissionDenied(f"history {request_id}/{source_id} belongs to another "
                                    f"owner, not owner={owner!r}")
+        if self._leases.deadline(key) <= self._clock():
+            # the lease ran out before the sweeper came by: the history is already lost to
+            # its owner, so nothing may be written or committed to it any more
+            self.expire()
+            raise NotFound(f"history request_id={request_id!r} source_id={source_id}: its "
+                           f"lease expired")
         return key, h
 
     def _recover(self) -> int:

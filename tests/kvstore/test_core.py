@@ -220,3 +220,82 @@ def test_capacity_exhaustion_then_recovery_after_close(prefix: str, clock: Clock
     s.open("r4", 0, "w0", 4096, 16)
     assert s.stats().used_bytes == s.stats().capacity_bytes
     assert len(segments(prefix)) == 4
+
+
+def test_renewed_leases_survive_a_restart(prefix: str, clock: Clock) -> None:
+    """A renewal (or a re-attach) past the lease granted at open reaches the manifest: a
+    store restarted before the renewed deadline keeps the history until then."""
+    s = KVStore(options(prefix, max_lease_seconds=7200), clock)
+    s.open("a", 0, "w0", 16, 4, lease_seconds=3600)
+    s.write("a", 0, "w0", 0, b"\x07" * 64)
+    s.commit("a", 0, "w0", [(0, 4)])
+    s.open("b", 0, "w0", 16, 4, lease_seconds=3600)
+    clock.now += 3000
+    s.renew("w0", [("a", 0)], lease_seconds=3600)  # a: to t0 + 6600
+    s.open("b", 0, "w0", 16, 4, lease_seconds=3600, attach=True)  # b: to t0 + 6600
+    clock.now += 1000  # the store dies at t0 + 4000, past the lease granted at open
+    again = KVStore(options(prefix, max_lease_seconds=7200), clock)
+    for key in (("a", 0), ("b", 0)):
+        assert again.info(*key).lease_expires == 1000.0 + 6600
+    clock.now += 2000  # t0 + 6000: within the renewed lease
+    assert again.expire() == []
+    assert again.read("a", 0, 0, 4, require_backed=True) == b"\x07" * 64
+    clock.now += 601
+    assert sorted(again.expire()) == [("a", 0), ("b", 0)]
+    assert_no_segments(prefix)
+
+
+def test_a_failed_lease_write_changes_no_lease(store: KVStore, clock: Clock, monkeypatch) -> None:
+    store.open("a", 0, "w0", 16, 4, lease_seconds=10)
+    store.open("b", 0, "w0", 16, 4, lease_seconds=10)
+    before = snapshot(store)
+    saved = store._manifest.save
+    calls = []
+
+    def flaky(record):  # the second record's write fails
+        calls.append(record.request_id)
+        if len(calls) == 2:
+            raise OSError(5, "EIO")
+        saved(record)
+
+    monkeypatch.setattr(store._manifest, "save", flaky)
+    with pytest.raises(OSError):
+        store.renew("w0", lease_seconds=60)
+    monkeypatch.setattr(store._manifest, "save", saved)
+    assert snapshot(store) == before
+    clock.now += 11
+    assert sorted(store.expire()) == [("a", 0), ("b", 0)]
+
+
+def test_expiry_that_fails_midway_leaves_the_rest_due(store: KVStore, clock: Clock,
+                                                       monkeypatch) -> None:
+    for rid in ("a", "b", "c"):
+        store.open(rid, 0, "w0", 16, 4, lease_seconds=5)
+    clock.now += 6
+    removed = store._manifest.remove
+
+    def failing(segment):
+        raise OSError(5, "EIO")
+
+    monkeypatch.setattr(store._manifest, "remove", failing)
+    with pytest.raises(OSError):
+        store.expire()
+    assert store.stats().histories == 3 and store.stats().lease_expiries_total == 0
+    assert len(store.histories("w0")) == 3  # every history still has its lease entry
+    monkeypatch.setattr(store._manifest, "remove", removed)
+    assert sorted(store.expire()) == [("a", 0), ("b", 0), ("c", 0)]
+    assert store.stats().used_bytes == 0 and store.stats().lease_expiries_total == 3
+
+
+def test_owner_operations_after_the_deadline_find_the_history_gone(store: KVStore,
+                                                                   clock: Clock) -> None:
+    """Past its deadline a history is freed on the owner's next call, before the sweeper:
+    a commit then cannot report rows backed that the sweep frees a moment later."""
+    store.open("a", 0, "w0", 16, 4, lease_seconds=10)
+    store.write("a", 0, "w0", 0, b"\x01" * 16)
+    clock.now += 10
+    with pytest.raises(NotFound, match="lease expired"):
+        store.commit("a", 0, "w0", [(0, 1)])
+    assert store.stats().histories == 0 and store.stats().lease_expiries_total == 1
+    with pytest.raises(NotFound):
+        store.renew("w0", [("a", 0)])
