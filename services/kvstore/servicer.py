@@ -6,6 +6,7 @@ them to status codes; this module only counts them.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,7 +25,11 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["KVStore"].full_name
 
 
 def _code(exc: BaseException) -> str:
-    return type(exc).code_name if isinstance(exc, DHiSparseError) else "INTERNAL"
+    if isinstance(exc, DHiSparseError):
+        return type(exc).code_name
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit, grpc.RpcError)):
+        return "CANCELLED"  # the client went away (or cancelled): not a server fault
+    return "INTERNAL"
 
 
 def _counted(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -106,7 +111,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
                 self.metrics.stream_bytes.labels("read").inc(len(data))
                 yield pb.ReadRowsChunk(first_row=first, data=data)
         except BaseException as exc:
-            code = _code(exc) if not isinstance(exc, grpc.RpcError) else "CANCELLED"
+            code = _code(exc)
             raise
         finally:
             self.metrics.observe("ReadRows", code, time.perf_counter() - t0)

@@ -299,3 +299,31 @@ def test_owner_operations_after_the_deadline_find_the_history_gone(store: KVStor
     assert store.stats().histories == 0 and store.stats().lease_expiries_total == 1
     with pytest.raises(NotFound):
         store.renew("w0", [("a", 0)])
+
+
+def test_a_client_abandoning_a_read_stream_is_counted_cancelled(store: KVStore) -> None:
+    """A reader that stops consuming ReadRows (the stream's generator is closed) is a
+    cancellation, not an INTERNAL server error, in the RPC metrics."""
+    import asyncio
+
+    from services.common.gen.dhisparse.v1 import kvstore_pb2 as pb
+    from services.kvstore.metrics import KVStoreMetrics
+    from services.kvstore.servicer import KVStoreServicer
+
+    store.open("a", 0, "w0", 16, 64)
+    metrics = KVStoreMetrics(store)
+    servicer = KVStoreServicer(store, metrics)
+    request = pb.ReadRowsRequest(key=pb.HistoryKey(request_id="a", source_id=0),
+                                 range=pb.RowRange(start=0, stop=64), max_chunk_bytes=128)
+
+    async def read_one_chunk() -> None:
+        stream = servicer.ReadRows(request, None)
+        await stream.__anext__()
+        await stream.aclose()
+
+    asyncio.run(read_one_chunk())
+    value = metrics.registry.get_sample_value
+    assert value("dhisparse_kvstore_rpc_errors_total",
+                 {"method": "ReadRows", "code": "CANCELLED"}) == 1
+    assert value("dhisparse_kvstore_rpc_errors_total",
+                 {"method": "ReadRows", "code": "INTERNAL"}) is None
