@@ -12,7 +12,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
-from services.common.errors import DeadlineExceeded, FailedPrecondition, Unavailable
+from services.common.errors import DeadlineExceeded, FailedPrecondition, NotFound, Unavailable
 from services.common.logging import get_logger
 from services.residency.config import ResidencyConfig
 from services.residency.core import (
@@ -175,8 +175,16 @@ class ResidencyController:
                 cmd = self.core.ack(command_id, wid, ok)
                 if cmd is not None and ok:
                     self._count(cmd)
+            refused: FailedPrecondition | None = None
             for rid in released:
-                self.release(rid, wid)
+                try:
+                    self.release(rid, wid)
+                except NotFound:  # released already (the Release RPC got there first)
+                    log.info("worker %s reported %r finished: released already", wid, rid)
+                except FailedPrecondition as exc:  # not this worker's: refused after the rest,
+                    refused = refused or exc        # so no other finished request stays held
+            if refused is not None:
+                raise refused
         finally:
             self._flush()
 
