@@ -99,6 +99,8 @@ def test_unknown_payload_layer(h: Harness) -> None:
            apply_copies, h.group, plan, 2)
     with pytest.raises(InvalidArgument, match="layer=-1"):
         h.group.payload(-1)
+    with pytest.raises(InvalidArgument, match="layer=True"):  # a bool is no layer number
+        h.group.payload(True)
 
 
 def test_retire_without_backup_is_failed_precondition(h: Harness) -> None:
@@ -115,7 +117,7 @@ def test_retire_refuses_repeated_and_non_integer_pages(h: Harness) -> None:
     h.check()
     expect(h, InvalidArgument, r"pages\[1\]=0 repeats an earlier page", retire, h.group, "a",
            [0, 0])
-    for bad in ([0], {}, 0.0):
+    for bad in ([0], {}, 0.0, False, True):  # bools are no page numbers (False == 0)
         expect(h, InvalidArgument, r"pages\[0\]=.* is not an optional page", retire, h.group,
                "a", [bad])
     assert retire(h.group, "a", [1, 0]) == 2
@@ -128,6 +130,7 @@ def test_open_and_commit_ranges(h: Harness) -> None:
            open_rows, h.group, "a", 21)
     expect(h, InvalidArgument, r"committed=13 outside \[10, 12\]", commit_rows, h.group, "a", 13)
     expect(h, InvalidArgument, r"committed=9 outside \[10, 12\]", commit_rows, h.group, "a", 9)
+    expect(h, InvalidArgument, r"committed=True outside", commit_rows, h.group, "a", True)
 
 
 def test_admit_bad_history_and_duplicates(h: Harness) -> None:

@@ -110,7 +110,8 @@ class SourceGroup:
         return self.payloads[layer]
 
     def check_layer(self, layer: int) -> None:
-        if not isinstance(layer, int) or not 0 <= layer < self.spec.payload_layers:
+        if (not isinstance(layer, int) or isinstance(layer, bool)
+                or not 0 <= layer < self.spec.payload_layers):
             raise InvalidArgument(
                 f"layer={layer!r} outside payload layers [0, {self.spec.payload_layers}) "
                 f"of source group {self.name!r}"

@@ -233,7 +233,8 @@ def open_rows_batch(group: SourceGroup, request_ids: Sequence[str],
 def commit_rows(group: SourceGroup, request_id: str, committed: int) -> int:
     """Commit rows ``< committed`` and drop opened rows beyond it. Returns rows committed."""
     state, p = group.request(request_id), group.config.page_rows
-    if not isinstance(committed, int) or not state.committed <= committed <= state.tail_hi:
+    if (not isinstance(committed, int) or isinstance(committed, bool)
+            or not state.committed <= committed <= state.tail_hi):
         raise InvalidArgument(
             f"committed={committed!r} outside [{state.committed}, {state.tail_hi}] "
             f"(committed rows .. opened rows of request_id={request_id!r})"
@@ -317,7 +318,7 @@ def retire(group: SourceGroup, request_id: str, pages: Sequence[int] | None = No
     targets = optional if pages is None else list(pages)
     known, seen = set(optional), set()
     for i, g in enumerate(targets):
-        if not isinstance(g, int) or g not in known:
+        if not isinstance(g, int) or isinstance(g, bool) or g not in known:
             raise InvalidArgument(
                 f"pages[{i}]={g!r} is not an optional page of request_id={request_id!r} "
                 f"(optional pages: {optional})"
