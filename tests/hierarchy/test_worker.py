@@ -60,3 +60,30 @@ def test_admission_waits_when_any_group_is_full(device: str) -> None:
     with pytest.raises(ResourceExhausted, match="does not fit every group"):
         h.admit("b", 8)
     assert ["a"] == list(h.group("dsv").requests)
+
+
+def test_rollback_of_a_failed_admission_ignores_another_requests_pending_plan(
+        device: str) -> None:
+    """Admission "b" fails in its second group while "a"'s plan in the first group still
+    waits for apply_copies: "b" is taken back from the first group all the same (release
+    would refuse there), the original error surfaces and nothing of "b" stays open."""
+    from services.decode.hierarchy import apply_copies, resolve
+
+    h, provider = make(device)
+    h.admit("a", 16, {"glm": rows(9, 8, 3), "dsv": rows(9, 16, 1)}, max_optional=0)
+    glm = h.group("glm")
+    sel = torch.tensor([[[0, 1, 5]]], device=glm.device)  # host rows: copies pending
+    plan = resolve(glm, ["a"], sel, torch.tensor([[9]], device=glm.device))
+    assert glm.pending_layers and plan.copy_rows.numel() == 3
+    free = {name: g.pages.counts()["free"] for name, g in h.groups.items()}
+    with pytest.raises(InvalidArgument, match=r"history\[0\] has dtype=torch.uint8 shape=\(9, 8\)"):
+        h.admit("b", 16, {"glm": rows(9, 8, 3), "dsv": rows(9, 8, 1)})  # dsv rows are 16 B
+    assert all("b" not in g.requests for g in h.groups.values())
+    assert sorted(provider.histories) == [("a", 0), ("a", 1), ("a", 2), ("a", 3)]
+    assert {name: g.pages.counts()["free"] for name, g in h.groups.items()} == free
+    for layer in range(3):
+        apply_copies(glm, plan, layer)
+    h.readers_finished()
+    h.release("a")
+    for g in h.groups.values():
+        assert_no_leak(g)

@@ -391,6 +391,18 @@ def release(group: SourceGroup, request_id: str) -> None:
             f"request_id={request_id!r}: readers of epoch={state.last_read_epoch} not finished "
             f"(finished_epoch={group.finished_epoch}) or a plan is not applied to every layer"
         )
+    _free_request(group, state)
+
+
+def undo_admit(group: SourceGroup, request_id: str) -> None:
+    """Take back an admission made a moment ago (a multi-group admission failing in a later
+    group): no resolve can name the request yet, so neither earlier readers nor another
+    request's pending plan stand in the way, unlike ``release``."""
+    _free_request(group, group.request(request_id))
+
+
+def _free_request(group: SourceGroup, state: RequestState) -> None:
+    request_id = state.request_id
     group.pages.free(state.required_pages + state.page_map[state.page_map >= 0].tolist())
     group.staging.drop_request(request_id)
     if group.provider is not None and state.backings:

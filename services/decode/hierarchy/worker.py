@@ -23,7 +23,7 @@ from services.common.errors import InvalidArgument, NotFound, ResourceExhausted
 
 from .config import HierarchyConfig, SourceSpec
 from .group import SharedLayout, SourceGroup
-from .pages import admit, can_admit, release
+from .pages import admit, can_admit, release, undo_admit
 from .staging import StagingArena
 
 
@@ -103,7 +103,7 @@ class Hierarchy:
                 done.append(group)
         except Exception:
             for group in done:  # roll back: the request is admitted nowhere
-                release(group, request_id)
+                undo_admit(group, request_id)
             raise
 
     def release(self, request_id: str) -> None:
