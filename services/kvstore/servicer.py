@@ -79,22 +79,23 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     async def WriteRows(self, request_iterator: AsyncIterator[pb.WriteRowsChunk], context: Any
                         ) -> pb.WriteRowsResponse:
         key: tuple[str, int] | None = None
-        owner, commit, nbytes, written = "", False, 0, RangeSet()
+        owner, commit, nbytes, written, gen = "", False, 0, RangeSet(), 0
         async for chunk in request_iterator:
             this = (chunk.key.request_id, chunk.key.source_id)
             if key is None:
                 key, owner = this, chunk.owner
+                gen = self.store.generation(*key)  # the whole stream writes this history
             elif (chunk.HasField("key") and this != key) or chunk.owner not in ("", owner):
                 raise InvalidArgument(f"chunk names history {this[0]}/{this[1]} (owner "
                                       f"{chunk.owner!r}); the stream writes {key[0]}/{key[1]}")
-            written.add(*self.store.write(*key, owner, chunk.first_row, chunk.data))
+            written.add(*self.store.write(*key, owner, chunk.first_row, chunk.data, gen))
             nbytes += len(chunk.data)
             commit |= chunk.commit
             self.metrics.stream_bytes.labels("write").inc(len(chunk.data))
         if key is None:
             raise InvalidArgument("WriteRows stream carried no chunk")
         if commit:
-            backed = self.store.commit(*key, owner, list(written))
+            backed = self.store.commit(*key, owner, list(written), gen)
         else:
             backed = self.store.info(*key).backed
         return pb.WriteRowsResponse(rows_written=written.count(), bytes_written=nbytes,

@@ -12,6 +12,7 @@ Committed rows are immutable through this API: writing into them is refused.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import threading
@@ -98,6 +99,7 @@ class _History:
     record: HistoryRecord
     segment: Segment
     backed: RangeSet
+    generation: int = 0  # unique per history this store process opened or recovered
 
     def info(self, lease_expires: float) -> HistoryInfo:
         r = self.record
@@ -117,6 +119,7 @@ class KVStore:
         self._leases = LeaseTable()
         self._used = 0
         self._expiries = 0
+        self._generations = itertools.count(1)
         self._manifest = Manifest(options.manifest_dir)
         self._segment_re = re.compile(rf"^{re.escape(options.prefix)}-[0-9a-f]{{32}}$")
         self._recovered = self._recover()
@@ -155,7 +158,7 @@ class KVStore:
             except BaseException:
                 seg.destroy()
                 raise
-            h = _History(record, seg, RangeSet())
+            h = _History(record, seg, RangeSet(), next(self._generations))
             self._histories[key] = h
             self._leases.renew(key, deadline)
             self._used += size
@@ -195,8 +198,15 @@ class KVStore:
 
     # -- rows ------------------------------------------------------------------------
 
+    def generation(self, request_id: str, source_id: int) -> int:
+        """The identity of the history now under this key: a stream that spans several calls
+        passes it back (``generation=``) so that a history freed and re-created under the
+        same key meanwhile is refused instead of silently written, committed or read."""
+        with self._lock:
+            return self._get(check_key(request_id, source_id)).generation
+
     def write(self, request_id: str, source_id: int, owner: str, start_row: int,
-              data: bytes | memoryview) -> tuple[int, int]:
+              data: bytes | memoryview, generation: int = 0) -> tuple[int, int]:
         """Copy whole rows into ``start_row ..``; returns the ``[start, stop)`` written.
 
         Refuses chunks over ``max_chunk_bytes``, partial rows, ranges outside the
@@ -207,7 +217,7 @@ class KVStore:
             raise InvalidArgument(f"chunk of {n} bytes exceeds "
                                   f"max_chunk_bytes={self.options.max_chunk_bytes}")
         with self._lock:
-            _, h = self._owned(request_id, source_id, owner)
+            _, h = self._owned(request_id, source_id, owner, generation)
             rb, nr = h.record.row_bytes, h.record.num_rows
             if n == 0 or n % rb:
                 raise InvalidArgument(f"chunk of {n} bytes is not a positive whole number "
@@ -221,10 +231,10 @@ class KVStore:
             return start_row, stop
 
     def read(self, request_id: str, source_id: int, start: int, stop: int,
-             require_backed: bool = False) -> bytes:
+             require_backed: bool = False, generation: int = 0) -> bytes:
         """A copy of rows ``[start, stop)`` (any owner may read)."""
         with self._lock:
-            h = self._get(check_key(request_id, source_id))
+            h = self._same(self._get(check_key(request_id, source_id)), generation)
             check_rows(start, stop, h.record.num_rows, "read")
             if require_backed and not h.backed.covers(start, stop):
                 raise FailedPrecondition(f"rows [{start}, {stop}) are not all committed; "
@@ -246,15 +256,15 @@ class KVStore:
             if require_backed and not h.backed.covers(start, stop):
                 raise FailedPrecondition(f"rows [{start}, {stop}) are not all committed; "
                                          f"committed: {list(h.backed)}")
-            step = max(1, limit // h.record.row_bytes)
-        return ((a, self.read(request_id, source_id, a, min(a + step, stop)))
+            step, gen = max(1, limit // h.record.row_bytes), h.generation
+        return ((a, self.read(request_id, source_id, a, min(a + step, stop), False, gen))
                 for a in range(start, stop, step))
 
     def commit(self, request_id: str, source_id: int, owner: str,
-               ranges: list[tuple[int, int]]) -> Ranges:
+               ranges: list[tuple[int, int]], generation: int = 0) -> Ranges:
         """Mark ``ranges`` backed, durably; returns every backed range afterwards."""
         with self._lock:
-            _, h = self._owned(request_id, source_id, owner)
+            _, h = self._owned(request_id, source_id, owner, generation)
             if not ranges:
                 raise InvalidArgument("ranges is empty; commit at least one row range")
             backed = h.backed.copy()
@@ -363,11 +373,19 @@ class KVStore:
             raise NotFound(f"unknown history request_id={key[0]!r} source_id={key[1]}")
         return h
 
-    def _owned(self, request_id: str, source_id: int, owner: str
+    @staticmethod
+    def _same(h: _History, generation: int) -> _History:
+        if generation and h.generation != generation:
+            r = h.record
+            raise NotFound(f"history request_id={r.request_id!r} source_id={r.source_id} was "
+                           f"freed and opened again since this stream began")
+        return h
+
+    def _owned(self, request_id: str, source_id: int, owner: str, generation: int = 0
                ) -> tuple[HistoryKey, _History]:
         key = check_key(request_id, source_id)
         check_id("owner", owner)
-        h = self._get(key)
+        h = self._same(self._get(key), generation)
         if h.record.owner != owner:
             raise PermissionDenied(f"history {request_id}/{source_id} belongs to another "
                                    f"owner, not owner={owner!r}")
@@ -393,7 +411,8 @@ class KVStore:
                 log.error("cannot re-attach history %s/%s: %s; dropping it", *key, e)
                 self._manifest.remove(r.segment)
                 continue
-            self._histories[key] = _History(r, seg, RangeSet(map(tuple, r.backed)))
+            self._histories[key] = _History(r, seg, RangeSet(map(tuple, r.backed)),
+                                            next(self._generations))
             self._leases.renew(key, max(r.lease_expires, floor))
             self._used += r.segment_bytes
         live = {h.record.segment for h in self._histories.values()}

@@ -327,3 +327,47 @@ def test_a_client_abandoning_a_read_stream_is_counted_cancelled(store: KVStore) 
                  {"method": "ReadRows", "code": "CANCELLED"}) == 1
     assert value("dhisparse_kvstore_rpc_errors_total",
                  {"method": "ReadRows", "code": "INTERNAL"}) is None
+
+
+def test_streams_refuse_a_history_recreated_under_their_key(store: KVStore,
+                                                             clock: Clock) -> None:
+    """A WriteRows / ReadRows stream that outlives its history (lease expired, the owner
+    opened the key again) fails instead of committing rows it never wrote to the new
+    history, or mixing the old history's bytes with the new one's."""
+    import asyncio
+
+    from services.common.gen.dhisparse.v1 import kvstore_pb2 as pb
+    from services.kvstore.metrics import KVStoreMetrics
+    from services.kvstore.servicer import KVStoreServicer
+
+    servicer = KVStoreServicer(store, KVStoreMetrics(store))
+    key = pb.HistoryKey(request_id="a", source_id=0)
+    store.open("a", 0, "w0", 16, 8, lease_seconds=10)
+
+    def recreate() -> None:
+        clock.now += 11
+        store.expire()
+        store.open("a", 0, "w0", 16, 8, lease_seconds=10, attach=True)
+
+    async def chunks():
+        yield pb.WriteRowsChunk(key=key, owner="w0", first_row=0, data=b"\x01" * 64)
+        recreate()
+        yield pb.WriteRowsChunk(first_row=4, data=b"\x02" * 64, commit=True)
+
+    with pytest.raises(NotFound, match="freed and opened again"):
+        asyncio.run(servicer.WriteRows(chunks(), None))
+    assert store.info("a", 0).backed == ()  # nothing of the old stream committed
+
+    store.write("a", 0, "w0", 0, b"\x03" * 128)
+    store.commit("a", 0, "w0", [(0, 8)])
+    request = pb.ReadRowsRequest(key=key, range=pb.RowRange(start=0, stop=8),
+                                 max_chunk_bytes=64)
+
+    async def read_across_recreation() -> None:
+        stream = servicer.ReadRows(request, None)
+        assert (await stream.__anext__()).data == b"\x03" * 64
+        recreate()
+        await stream.__anext__()
+
+    with pytest.raises(NotFound, match="freed and opened again"):
+        asyncio.run(read_across_recreation())
