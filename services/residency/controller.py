@@ -132,6 +132,9 @@ class ResidencyController:
                     "waiting)") from None
             finally:
                 self._waiters.pop(ticket.ticket_id, None)
+        if ticket.state is TicketState.FAILED:  # no worker can ever serve it
+            assert ticket.failure is not None
+            raise ticket.failure
         assert ticket.grant is not None
         self.metrics.admission_wait.labels(ticket.grant.worker_id).observe(ticket.grant.waited_s)
         return ticket.grant

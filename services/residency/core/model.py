@@ -172,6 +172,7 @@ class TicketState(enum.Enum):
     GRANTED = "granted"
     EXPIRED = "expired"
     CANCELLED = "cancelled"
+    FAILED = "failed"      # can never be served (``failure`` says why)
 
 
 @dataclass(slots=True, eq=False)
@@ -186,3 +187,4 @@ class Ticket:
     grant: Grant | None = None
     pledged_worker: str | None = None   # worker reclaiming pages for this ticket
     reclaimed: tuple[str, ...] = ()
+    failure: Exception | None = None    # set when FAILED: the error its caller gets

@@ -19,7 +19,13 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 
-from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from services.common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from services.residency.core.ledger import RequestEntry, WorkerLedger
 from services.residency.core.model import (
     AdmitSpec,
@@ -121,6 +127,7 @@ class ResidencyCore:
             e = RequestEntry(r.request_id, spec.worker_id, r.required_pages, r.history_pages,
                              r.optional_pages, r.optional_pages, r.backed_pages, self._seq())
             self._add(w, e, "adopt")
+        self._fail_unservable()
         self._schedule()
         return len(new)
 
@@ -159,8 +166,29 @@ class ResidencyCore:
             self._forget(w, rid, "drop")
         del self._workers[worker_id]
         self._outbox.pop(worker_id, None)
+        self._fail_unservable()
         self._schedule()
         return dropped
+
+    def _fail_unservable(self) -> None:
+        """Fail the waiting admissions no registered worker can ever serve, so none blocks
+        the FIFO queue for good: one pinned to a worker that is gone, or one that needs more
+        pages than the largest admittable pool (queued before any worker registered)."""
+        largest = max((w.spec.admittable_pages for w in self._workers.values()), default=None)
+        for t in list(self._queue):
+            spec, failure = t.spec, None
+            if spec.worker_id and spec.worker_id not in self._workers:
+                failure = Unavailable(f"request_id={spec.request_id!r}: pinned worker "
+                                      f"{spec.worker_id} is gone")
+            elif not spec.worker_id and largest is not None and spec.required_pages > largest:
+                failure = InvalidArgument(
+                    f"required_pages={spec.required_pages} exceeds the largest admittable pool "
+                    f"(capacity − reserve) of {largest} pages")
+            if failure is not None:
+                self._dequeue(t, TicketState.FAILED)
+                t.failure = failure
+                if self._on_resolved:
+                    self._on_resolved(t)
 
     def touch(self, worker_id: str) -> None:
         """A heartbeat or any report from the worker."""
