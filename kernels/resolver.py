@@ -36,6 +36,7 @@ ST_SELECTION, ST_NOT_RESIDENT, ST_STAGING = 1 | 2 | 4 | 16, 8, 32
 LOOKUP_THREADS, COMMIT_THREADS = 1024, 512
 SORT_N = 4096  # resolver_lookup.cu: B <= 4096 sorts in registers; larger B in shared memory
 COPY_BLOCKS_PER_SM = 2  # __launch_bounds__(512, 2): 64 registers (52 B spill, ptxas -v)
+MAX_COPY_BLOCKS = 1 << 16  # DHISPARSE_COPY_BLOCKS / copy_blocks
 MAX_BATCH, MAX_ENTRIES, MAX_SLOTS = (
     1024,
     65535,
@@ -289,9 +290,6 @@ def commit(
         launch_dependent(fn, (grid,), (COMMIT_THREADS,), args)
     else:
         launch(fn, (grid,), (COMMIT_THREADS,), args)
-
-
-MAX_COPY_BLOCKS = 1 << 16
 
 
 def default_copy_blocks() -> int:

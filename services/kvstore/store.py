@@ -257,7 +257,7 @@ class KVStore:
                 raise FailedPrecondition(f"rows [{start}, {stop}) are not all committed; "
                                          f"committed: {list(h.backed)}")
             step, gen = max(1, limit // h.record.row_bytes), h.generation
-        return ((a, self.read(request_id, source_id, a, min(a + step, stop), False, gen))
+        return ((a, self.read(request_id, source_id, a, min(a + step, stop), generation=gen))
                 for a in range(start, stop, step))
 
     def commit(self, request_id: str, source_id: int, owner: str,
@@ -303,14 +303,17 @@ class KVStore:
             return len(chosen), deadline
 
     def _persist_leases(self, keys: list[HistoryKey], deadline: float) -> None:
-        """Move the leases of ``keys`` to at least ``deadline``, the manifest first: a store
-        restarted later keeps every lease a client was granted (recovery reads the
-        manifest). All or nothing: a failed manifest write changes no lease."""
+        """Move the leases of ``keys`` to at least ``deadline``, the manifest first where it
+        matters: a store restarted later keeps every lease a client was granted. Recovery
+        grants at least restart time + default_lease_seconds, so a deadline within
+        now + default_lease_seconds (every default-length renewal) needs no durable write.
+        All or nothing: a failed manifest write changes no lease."""
         saved: list[tuple[HistoryRecord, float]] = []
+        covered = self._clock() + self.options.default_lease_seconds  # by any recovery floor
         try:
             for key in keys:
                 record = self._histories[key].record
-                if deadline > record.lease_expires:
+                if deadline > max(record.lease_expires, covered):
                     saved.append((record, record.lease_expires))
                     record.lease_expires = deadline
                     self._manifest.save(record)

@@ -245,6 +245,23 @@ def test_renewed_leases_survive_a_restart(prefix: str, clock: Clock) -> None:
     assert_no_segments(prefix)
 
 
+def test_default_length_renewals_write_no_manifest_record(store: KVStore, clock: Clock,
+                                                          monkeypatch) -> None:
+    """A restart grants every recovered history restart time + default_lease_seconds, so a
+    renewal by the default lease (the periodic one) needs no fsync'd record; only a lease
+    beyond that floor is written."""
+    store.open("a", 0, "w0", 16, 4)
+    saves = []
+    saved = store._manifest.save
+    monkeypatch.setattr(store._manifest, "save", lambda r: (saves.append(r), saved(r)))
+    for _ in range(3):
+        clock.now += 30
+        store.renew("w0")
+    assert saves == []
+    store.renew("w0", lease_seconds=600)
+    assert [r.lease_expires for r in saves] == [clock.now + 600]
+
+
 def test_a_failed_lease_write_changes_no_lease(store: KVStore, clock: Clock, monkeypatch) -> None:
     store.open("a", 0, "w0", 16, 4, lease_seconds=10)
     store.open("b", 0, "w0", 16, 4, lease_seconds=10)
@@ -260,7 +277,7 @@ def test_a_failed_lease_write_changes_no_lease(store: KVStore, clock: Clock, mon
 
     monkeypatch.setattr(store._manifest, "save", flaky)
     with pytest.raises(OSError):
-        store.renew("w0", lease_seconds=60)
+        store.renew("w0", lease_seconds=600)  # beyond the default: written durably
     monkeypatch.setattr(store._manifest, "save", saved)
     assert snapshot(store) == before
     clock.now += 11
