@@ -10,6 +10,11 @@ from __future__ import annotations
 import torch
 
 PROFILES = {"hit100": 0.0, "miss2": 0.02, "miss20": 0.20, "cold": 1.0}
+
+
+def missed_rows(profile: str, k: int) -> int:
+    """Never-read rows per request and call in a selection of ``k`` under ``profile``."""
+    return round(PROFILES[profile] * k)
 PAGE_ROWS, TAIL_ROWS, STAGING_ROWS = 64, 72, 4096
 
 

@@ -11,7 +11,7 @@ import torch
 
 from bench.common import Flusher, h2d_memcpy_gbps, summarize, time_gpu, time_wall, write_json
 from bench.resolver.case import Case
-from bench.resolver.pool import PROFILES, State, alloc_host, fill_random
+from bench.resolver.pool import State, alloc_host, fill_random, missed_rows
 from bench.resolver.report import fit_gbps, print_case
 
 
@@ -54,7 +54,7 @@ def run_ours(args: dict, rec: dict) -> None:
             for bs in batches:
                 for prof in profiles:
                     cold = prof == "cold"
-                    m = k if cold else round(PROFILES[prof] * k)
+                    m = missed_rows(prof, k)
                     if (k * calls > st.tail_lo) if cold else (m * calls > st.nonres.shape[1]):
                         continue  # not enough never-read rows for every call
                     case = Case(st, host, pool, item, bs, 1, k, m, cold)
@@ -139,7 +139,7 @@ def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k:
     out = []
     for bs in (b for b in (32, 160) if b <= st.P):
         for prof in ("hit100", "miss2", "miss20"):
-            m, off = round(PROFILES[prof] * k), calls
+            m, off = missed_rows(prof, k), calls
             for blocks in ("1", "2"):
                 n = args["warmup"] + args["reps"]
                 if m * (off + 2 * n) > st.nonres.shape[1]:
@@ -201,7 +201,7 @@ def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None
         if bs > st.P:
             continue
         cold = prof == "cold"
-        m = k if cold else round(PROFILES[prof] * k)
+        m = missed_rows(prof, k)
         case = Case(st, host, pool, item, bs, 1, k, m, cold)
         have = (st.tail_lo // k) if cold else (st.nonres.shape[1] // m if m else 1 << 30)
         for blocks, select, pdl in settings:

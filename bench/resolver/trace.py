@@ -72,7 +72,7 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
     import numpy as np
 
     from bench.resolver.case import Case
-    from bench.resolver.pool import PROFILES, State, alloc_host, fill_random
+    from bench.resolver.pool import State, alloc_host, fill_random, missed_rows
     from kernels._loader import module
     from kernels.resolver import defines
 
@@ -92,7 +92,7 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
     for bs, prof in ((1, "hit100"), (32, "hit100"), (160, "hit100"), (32, "miss2"),
                      (1, "cold"), (32, "miss20"), (160, "miss20")):
         cold = prof == "cold"
-        m = k if cold else round(PROFILES[prof] * k)
+        m = missed_rows(prof, k)
         case = Case(st, host, pool, item, bs, 1, k, m, cold)
         ok = case.check(0)["ok"]
         # cold reads a new window of k rows per call: 3 (n + 3) + 2 windows must fit

@@ -162,6 +162,8 @@ def check_round(
         assert torch.equal(getattr(p_ref, f).cpu(), getattr(p_k, f).cpu()), f
     assert p_ref.epoch == p_k.epoch
     # host_bytes: the kernel side already counts the layers its commit copied
+    copied = p_k.copy_rows.numel() * h_k.group.spec.row_bytes * len(copy_layers)
+    assert p_k.counts.host_bytes == p_ref.counts.host_bytes + copied
     assert dataclasses.replace(p_ref.counts, host_bytes=0) == dataclasses.replace(
         p_k.counts, host_bytes=0)
     for layer in range(h_ref.layers):
