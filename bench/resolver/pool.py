@@ -7,6 +7,9 @@ rows plus a window of never-read rows).
 
 from __future__ import annotations
 
+import mmap
+import os
+
 import torch
 
 PROFILES = {"hit100": 0.0, "miss2": 0.02, "miss20": 0.20, "cold": 1.0}
@@ -15,17 +18,36 @@ PROFILES = {"hit100": 0.0, "miss2": 0.02, "miss20": 0.20, "cold": 1.0}
 def missed_rows(profile: str, k: int) -> int:
     """Never-read rows per request and call in a selection of ``k`` under ``profile``."""
     return round(PROFILES[profile] * k)
+
+
 PAGE_ROWS, TAIL_ROWS, STAGING_ROWS = 64, 72, 4096
 
 
-def alloc_host(nbytes: int) -> tuple[torch.Tensor, str]:
-    """Page-locked, mapped host pool (cudaHostRegister, like the kvstore's segments)."""
-    t = torch.empty(nbytes, dtype=torch.uint8)
-    rc = int(
-        torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 2)
-    )  # cudaHostRegisterMapped
+HOST_MODES = ("register", "thp", "hostalloc")
+
+
+def alloc_host(nbytes: int, mode: str | None = None) -> tuple[torch.Tensor, str]:
+    """Page-locked host pool the GPU reads in place, allocated by ``mode`` (default
+    ``DHISPARSE_BENCH_HOST`` or "register"): cudaHostRegister(Mapped) of ordinary pages
+    (like the kvstore's segments), of an mmap advised to transparent huge pages ("thp"),
+    or cudaHostAlloc ("hostalloc", torch's pinned allocator)."""
+    mode = mode or os.environ.get("DHISPARSE_BENCH_HOST", "register")
+    if mode not in HOST_MODES:
+        raise ValueError(f"host allocation mode={mode!r}; expected one of {HOST_MODES}")
+    if mode == "hostalloc":
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), "cudaHostAlloc"
+    if mode == "thp":
+        buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        buf.madvise(getattr(mmap, "MADV_HUGEPAGE", 14))
+        t = torch.frombuffer(buf, dtype=torch.uint8)
+    else:
+        t = torch.empty(nbytes, dtype=torch.uint8)
+    rc = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 2))  # Mapped
+    how = "cudaHostRegister(Mapped)" + (" of madvise(MADV_HUGEPAGE) pages" if mode == "thp" else "")
     if rc == 0:
-        return t, "cudaHostRegister(Mapped)"
+        return t, how
+    if mode == "thp":
+        raise RuntimeError(f"{how} failed rc={rc}")
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), f"pin_memory (register rc={rc})"
 
 
