@@ -105,8 +105,9 @@ __device__ __forceinline__ void lookup_body(
     i64 finished_epoch, int select_mode) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
-    __shared__ unsigned long long cnt[8];  // tail, opt, hot, host, nhit, ncand, status
+    __shared__ unsigned long long cnt[8];  // tail, opt, hot, host, -, ncand, status
     __shared__ int last;
+    __shared__ unsigned nhit;  // hit slots listed so far (hot scan)
     __shared__ unsigned hist[256], scal[4];
     __shared__ unsigned long long vkeys[SELECT_MAX];
     const int b = blockIdx.x, Kk = K * k;
@@ -133,6 +134,7 @@ __device__ __forceinline__ void lookup_body(
 
     for (int w = threadIdx.x; w < W; w += NT) need_bm[w] = 0u;
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0ull;
+    if (threadIdx.x == 0) nhit = 0u;
     __syncthreads();
 
     // pass 1: direct path; the rest becomes the union bitmap. Entries go in groups of UL
@@ -211,21 +213,29 @@ __device__ __forceinline__ void lookup_body(
             }
 #pragma unroll
             for (int q = 0; q < UL; ++q) hit[q] = hr[q] >= 0 && hr[q] < nbits && test_bit(need_bm, hr[q]);
+            // hit slots are listed in any order: one shared atomic per warp and group of UL
+            // (a 32-bit counter), not one per hit or per query of the group
+            unsigned bal[UL], nw = 0;
+#pragma unroll
+            for (int q = 0; q < UL; ++q) {
+                bal[q] = __ballot_sync(0xffffffffu, s0 + q * NT < Bp && hit[q]);
+                nw += __popc(bal[q]);
+            }
+            unsigned base = 0;
+            if ((threadIdx.x & 31) == 0 && nw) base = atomicAdd(&nhit, nw);
+            base = __shfl_sync(0xffffffffu, base, 0);
 #pragma unroll
             for (int q = 0; q < UL; ++q) {
                 const int s = s0 + q * NT;
-                // hit slots are listed in any order: one shared atomic per warp, not per hit
-                const unsigned bal = __ballot_sync(0xffffffffu, s < Bp && hit[q]);
-                unsigned long long base = 0;
-                if ((threadIdx.x & 31) == 0 && bal) base = atomicAdd(&cnt[4], (unsigned long long)__popc(bal));
-                base = __shfl_sync(0xffffffffu, base, 0);
-                if (s >= Bp) continue;
-                if (hit[q]) {
-                    need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, hr[q])] = hl[q];
-                    atomicAnd(&miss_bm[hr[q] >> 5], ~(1u << (hr[q] & 31)));
-                    hit_slots[(i64)b * B + base + __popc(bal & ((1u << (threadIdx.x & 31)) - 1u))] = s;
+                if (s < Bp) {
+                    if (hit[q]) {
+                        need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, hr[q])] = hl[q];
+                        atomicAnd(&miss_bm[hr[q] >> 5], ~(1u << (hr[q] & 31)));
+                        hit_slots[(i64)b * B + base + __popc(bal[q] & ((1u << (threadIdx.x & 31)) - 1u))] = s;
+                    }
+                    keys[s] = !hit[q] && s < B ? PENDING : ~0ull;
                 }
-                keys[s] = !hit[q] && s < B ? PENDING : ~0ull;
+                base += __popc(bal[q]);
             }
         }
         __syncthreads();
@@ -321,7 +331,7 @@ __device__ __forceinline__ void lookup_body(
         sm[S_U] = u;
         sm[S_M] = m;
         sm[S_NV] = nv;
-        sm[S_NHIT] = (i64)cnt[4];
+        sm[S_NHIT] = (i64)nhit;
         sm[S_TAIL] = (i64)cnt[0];
         sm[S_OPT] = (i64)cnt[1];
         sm[S_HOT] = (i64)cnt[2];

@@ -23,17 +23,22 @@ def missed_rows(profile: str, k: int) -> int:
 PAGE_ROWS, TAIL_ROWS, STAGING_ROWS = 64, 72, 4096
 
 
-HOST_MODES = ("register", "thp", "hostalloc")
+HOST_MODES = ("register", "thp", "hostalloc", "vmm")
 
 
 def alloc_host(nbytes: int, mode: str | None = None) -> tuple[torch.Tensor, str]:
     """Page-locked host pool the GPU reads in place, allocated by ``mode`` (default
     ``DHISPARSE_BENCH_HOST`` or "register"): cudaHostRegister(Mapped) of ordinary pages
     (like the kvstore's segments), of an mmap advised to transparent huge pages ("thp"),
-    or cudaHostAlloc ("hostalloc", torch's pinned allocator)."""
+    cudaHostAlloc ("hostalloc", torch's pinned allocator), or host memory of the CUDA virtual
+    memory API mapped at its 2 MB granularity ("vmm": a CUDA-typed tensor)."""
     mode = mode or os.environ.get("DHISPARSE_BENCH_HOST", "register")
     if mode not in HOST_MODES:
         raise ValueError(f"host allocation mode={mode!r}; expected one of {HOST_MODES}")
+    if mode == "vmm":
+        from bench.resolver.vmm_host import alloc_vmm_host
+
+        return alloc_vmm_host(nbytes)
     if mode == "hostalloc":
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), "cudaHostAlloc"
     if mode == "thp":
