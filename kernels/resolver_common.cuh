@@ -134,10 +134,12 @@ __device__ __forceinline__ bool test_bit(const unsigned* bm, i64 row) {
     return (bm[row >> 5] >> (row & 31)) & 1u;
 }
 
-__device__ __forceinline__ void block_add(unsigned long long* dst, unsigned v) {
+// 32-bit: a 64-bit shared atomic is a compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN.64),
+// slow under the contention of 32 warps; every count here stays below 2^32 (MAXB * 65535).
+__device__ __forceinline__ void block_add(unsigned* dst, unsigned v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0 && v) atomicAdd(dst, (unsigned long long)v);
+    if ((threadIdx.x & 31) == 0 && v) atomicAdd(dst, v);
 }
 
 #define U 4  // loads in flight per thread (commit and copy loops; lookup passes take UL)

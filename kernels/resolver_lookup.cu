@@ -16,9 +16,7 @@
 __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned nv, i32* out, unsigned* hist,
                                unsigned long long* vkeys, unsigned* scal) {
     const int lane = threadIdx.x & 31;
-    __shared__ unsigned long long s_max;
-    if (threadIdx.x == 0) s_max = 0;
-    __syncthreads();
+    __shared__ unsigned long long w_max[NT / 32];  // per warp (no 64-bit shared atomics)
     unsigned long long mx = 0;
     for (int s = threadIdx.x; s < Bp; s += NT) {
         const unsigned long long key = keys[s];
@@ -26,9 +24,12 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0 && mx) atomicMax(&s_max, mx);
+    if (lane == 0) w_max[threadIdx.x >> 5] = mx;
     __syncthreads();
-    const int top = s_max ? (63 - __clzll((long long)s_max)) >> 3 : 0;  // highest non-zero byte
+    mx = 0;
+#pragma unroll 8
+    for (int w = 0; w < NT / 32; ++w) mx = max(mx, w_max[w]);
+    const int top = mx ? (63 - __clzll((long long)mx)) >> 3 : 0;  // highest non-zero byte
     unsigned long long prefix = 0, mask = top == 7 ? 0ull : ~0ull << (8 * top + 8);
     unsigned target = nv;  // 1-based rank of K* among the keys matching prefix
     for (int shift = 8 * top; shift >= 0; shift -= 8) {
@@ -105,7 +106,7 @@ __device__ __forceinline__ void lookup_body(
     i64 finished_epoch, int select_mode) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
-    __shared__ unsigned long long cnt[8];  // tail, opt, hot, host, -, ncand, status
+    __shared__ unsigned cnt[8];  // tail, opt, hot, host, -, ncand, status (32-bit: see block_add)
     __shared__ int last;
     __shared__ unsigned nhit;  // hit slots listed so far (hot scan)
     __shared__ unsigned hist[256], scal[4];
@@ -133,7 +134,7 @@ __device__ __forceinline__ void lookup_body(
 #endif
 
     for (int w = threadIdx.x; w < W; w += NT) need_bm[w] = 0u;
-    if (threadIdx.x < 8) cnt[threadIdx.x] = 0ull;
+    if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
     if (threadIdx.x == 0) nhit = 0u;
     __syncthreads();
 
@@ -185,7 +186,7 @@ __device__ __forceinline__ void lookup_body(
     }
     block_add(&cnt[0], n_tail);
     block_add(&cnt[1], n_opt);
-    if (status) atomicOr(&cnt[6], (unsigned long long)status);
+    if (status) atomicOr(&cnt[6], status);
     __syncthreads();
     TRACE(1);  // pass 1 done
     for (int w = threadIdx.x; w < W; w += NT) miss_bm[w] = need_bm[w];
@@ -194,7 +195,7 @@ __device__ __forceinline__ void lookup_body(
 
     unsigned m = 0, nv = 0;
     if (u > 0 && B == 0) {
-        if (threadIdx.x == 0) atomicOr(&cnt[6], (unsigned long long)ST_NOT_RESIDENT);
+        if (threadIdx.x == 0) atomicOr(&cnt[6], (unsigned)ST_NOT_RESIDENT);
     } else if (u > 0) {
         // step 2: scan the B hot slots against the union (bounded by B, not by history).
         // Only hot_rows and hot_locs are read here; a non-hit slot is marked
@@ -312,7 +313,7 @@ __device__ __forceinline__ void lookup_body(
             }
             block_add(&cnt[5], n_cand);
             __syncthreads();
-            nv = min((unsigned)m, (unsigned)cnt[5]);
+            nv = min(m, cnt[5]);
             if (select_mode == 1 && nv <= SELECT_MAX && nv > 0) {
                 select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal);
             } else {
@@ -361,7 +362,7 @@ __device__ __forceinline__ void lookup_body(
 #pragma unroll
         for (int c = 0; c < SCOLS; ++c) f[c] = (unsigned)__ldcg(sm + c);
     }
-    if (threadIdx.x < 8) cnt[threadIdx.x] = 0ull;
+    if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
     unsigned tot_m, tot_s;
     const unsigned om = block_scan(f[S_M], tmp, &tot_m);  // syncs (orders the reset too)
     const unsigned os = block_scan(f[S_M] - f[S_NV], tmp, &tot_s);
@@ -370,7 +371,7 @@ __device__ __forceinline__ void lookup_body(
         stage_off[threadIdx.x] = os;
     }
     const unsigned st_or = __reduce_or_sync(0xffffffffu, f[S_STATUS]);
-    if ((threadIdx.x & 31) == 0 && st_or) atomicOr(&cnt[0], (unsigned long long)st_or);
+    if ((threadIdx.x & 31) == 0 && st_or) atomicOr(&cnt[0], st_or);
     block_add(&cnt[1], f[S_TAIL]);
     block_add(&cnt[2], f[S_OPT]);
     block_add(&cnt[3], f[S_HOT]);

@@ -92,9 +92,10 @@ class Case:
         """One call from the restored state: every location holds its host row, every selected
         row is resident afterwards, each distinct missed row was copied exactly once."""
         self.before(i)
-        n = min(self.bs, 16)
+        n, dev = min(self.bs, 16), self.pool.device
         if not self.cold:  # device rows of the resident slots hold their host rows (hits)
-            rows = (self.st.res[:n].cpu() + torch.arange(n)[:, None] * self.st.S).flatten()
+            rows = (self.st.res[:n] + torch.arange(n, device=dev)[:, None] * self.st.S).flatten()
+            rows = rows.to(self.host.device)
             dst = self.st.hot_locs[:n].flatten()
             self.pool[dst] = self.host.view(-1, self.item)[rows].to(self.pool.device)
         self.locs.fill_(-7)
@@ -103,7 +104,8 @@ class Case:
         sel, locs = self.sels[i], self.locs
         totals = self.ws.totals[:9].tolist()
         rows = (sel[:n].cpu() + torch.arange(n)[:, None, None] * self.st.S).flatten()
-        want = self.host.view(-1, self.item)[rows]
+        # the host pool may be a CUDA-typed tensor (bench pool mode "vmm")
+        want = self.host.view(-1, self.item)[rows.to(self.host.device)].cpu()
         got = self.pool[locs[:n].flatten()].cpu()
         hot = self.st.hot_rows[: self.bs].sort(1).values
         pos = torch.searchsorted(hot, sel[:, 0, :].contiguous()).clamp(max=self.st.B - 1)
