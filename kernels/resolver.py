@@ -105,7 +105,7 @@ class Workspace:
     need_loc: torch.Tensor  # int64 [batch, K*k]  hit locations by union rank, then miss dsts
     misses: torch.Tensor  # int64 [batch, K*k]  missed rows, ascending
     victims: torch.Tensor  # int32 [batch, B]
-    hit_slots: torch.Tensor  # int32 [batch, B]
+    hit_mask: torch.Tensor  # int32 [batch, B]: hot-scan hits, bit s % 32 of word s // 32
     summary: torch.Tensor  # int64 [batch, S_COLS]
     totals: torch.Tensor  # int64 [TOT_COLS + 2 * (batch + 1)]
 
@@ -124,7 +124,7 @@ class Workspace:
     def pointers(self) -> tuple[np.uint64, ...]:
         """Device addresses in the order both launches take them (need_loc .. totals)."""
         return tuple(ptr(t) for t in (self.need_loc, self.misses, self.victims,
-                                      self.hit_slots, self.summary, self.totals))
+                                      self.hit_mask, self.summary, self.totals))
 
     def fits(self, batch: int, entries: int, slots: int) -> bool:
         return (

@@ -63,7 +63,7 @@ template <int W>
 __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict__ sel,
                             i64* __restrict__ locs, i64* __restrict__ miss_dst,
                             const i64* __restrict__ misses, const i32* __restrict__ victims,
-                            const i32* __restrict__ hit_slots, const i64* __restrict__ summary,
+                            const i32* __restrict__ hit_mask, const i64* __restrict__ summary,
                             i64* __restrict__ totals, const i64* __restrict__ stage_locs,
                             i64 n_stage_locs, i64* __restrict__ copy_batch, i64* __restrict__ copy_rows,
                             i64* __restrict__ copy_dst, i64* __restrict__ staged_rows,
@@ -79,6 +79,16 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     TRACE(16);
+    const i64* copy_off = totals + TOT_COLS;
+    const i64* stage_off = copy_off + batch + 1;
+    // a commit block loads its summary with the totals (one round trip, not two; only read)
+    const bool commit_block = (int)blockIdx.x < batch;
+    const i64* sm = summary + (i64)(commit_block ? blockIdx.x : 0) * SCOLS;
+    i64 su = 0, m = 0, nv = 0, nhit = 0, off = 0, soff = 0;
+    if (commit_block) {
+        su = sm[S_U], m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT];
+        off = copy_off[blockIdx.x], soff = stage_off[blockIdx.x];
+    }
     if (threadIdx.x == 0) {
         const i64 staged = totals[R_STAGED];
         s_ok = totals[R_STATUS] == 0 && staged <= n_stage_locs;
@@ -87,8 +97,6 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     __syncthreads();
     TRACE(17);  // totals read
     if (!s_ok) return;
-    const i64* copy_off = totals + TOT_COLS;
-    const i64* stage_off = copy_off + batch + 1;
     if ((int)blockIdx.x >= batch) {
         const i64 n_copies = totals[R_COPIES];
         if (n_copies == 0 || n_layers == 0) return;
@@ -129,10 +137,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     }
     const int b = blockIdx.x;
     const i64* row = table + (i64)b * TCOLS;
-    const i64* sm = summary + (i64)b * SCOLS;
-    if (sm[S_U] == 0) return;  // direct lookup: no LRU change
+    if (su == 0) return;  // direct lookup: no LRU change
     TRACE(18);  // summary read
-    const i64 m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT], off = copy_off[b], soff = stage_off[b];
     i64* hot_rows = ptr<i64>(row, T_HOT_ROWS);
     i64* stamp = ptr<i64>(row, T_HOT_STAMP);
     i64* protect = ptr<i64>(row, T_HOT_PROTECT);
@@ -169,15 +175,20 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
             copy_dst[off + i] = dst[q];
         }
     }
-    for (i64 h0 = threadIdx.x; h0 < nhit; h0 += blockDim.x * U) {
-        int slot[U];
+    // hit slots from the lookup's mask, slot by slot: a warp's stores cover 32 consecutive
+    // slots (coalesced; a list of scattered slots cost a sector per store)
+    const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)b * B);
+    for (int s0 = nhit > 0 ? threadIdx.x : B; s0 < B; s0 += blockDim.x * U) {
+        unsigned w[U];
 #pragma unroll
-        for (int q = 0; q < U; ++q) slot[q] = h0 + q * blockDim.x < nhit ? hit_slots[(i64)b * B + h0 + q * blockDim.x] : -1;
+        for (int q = 0; q < U; ++q) w[q] = s0 + q * (int)blockDim.x < B ? hm[(s0 + q * blockDim.x) >> 5] : 0u;
 #pragma unroll
         for (int q = 0; q < U; ++q) {
-            if (slot[q] < 0) continue;
-            stamp[slot[q]] = epoch;
-            protect[slot[q]] = epoch;
+            const int s = s0 + q * blockDim.x;
+            if ((w[q] >> (s & 31)) & 1u) {
+                stamp[s] = epoch;
+                protect[s] = epoch;
+            }
         }
     }
     TRACE(19);  // victims / hits stamped
@@ -199,11 +210,11 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
 #define COMMIT(W)                                                                                              \
     extern "C" __global__ void __launch_bounds__(512, 2) resolve_commit_##W(                                      \
         const i64* table, const i64* sel, i64* locs, i64* miss_dst, const i64* misses,    \
-        const i32* victims, const i32* hit_slots, const i64* summary, i64* totals,            \
+        const i32* victims, const i32* hit_mask, const i64* summary, i64* totals,            \
         const i64* stage_locs, i64 n_stage_locs, i64* copy_batch, i64* copy_rows,             \
         i64* copy_dst, i64* staged_rows, const i64* host_ptrs, const i64* payload_ptrs,       \
         int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch, int copy_blocks) {   \
-        commit_body<W>(table, sel, locs, miss_dst, misses, victims, hit_slots, summary, totals, stage_locs,   \
+        commit_body<W>(table, sel, locs, miss_dst, misses, victims, hit_mask, summary, totals, stage_locs,   \
                        n_stage_locs, copy_batch, copy_rows, copy_dst, staged_rows, host_ptrs, payload_ptrs,   \
                        n_layers, batch, K, k, B, row_bytes, epoch, copy_blocks);                               \
     }

@@ -101,14 +101,13 @@ template <int UL>
 __device__ __forceinline__ void lookup_body(
     const i64* __restrict__ table, const i64* __restrict__ sel, const i64* __restrict__ visible,
     i64* __restrict__ locs, i64* __restrict__ need_loc, i64* __restrict__ misses,
-    i32* __restrict__ victims, i32* __restrict__ hit_slots, i64* __restrict__ summary,
+    i32* __restrict__ victims, i32* __restrict__ hit_mask, i64* __restrict__ summary,
     i64* __restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,
     i64 finished_epoch, int select_mode) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
-    __shared__ unsigned cnt[8];  // tail, opt, hot, host, -, ncand, status (32-bit: see block_add)
+    __shared__ unsigned cnt[8];  // tail, opt, hot, host, hit, ncand, status, cleared (32-bit: block_add)
     __shared__ int last;
-    __shared__ unsigned nhit;  // hit slots listed so far (hot scan)
     __shared__ unsigned hist[256], scal[4];
     __shared__ unsigned long long vkeys[SELECT_MAX];
     const int b = blockIdx.x, Kk = K * k;
@@ -135,7 +134,6 @@ __device__ __forceinline__ void lookup_body(
 
     for (int w = threadIdx.x; w < W; w += NT) need_bm[w] = 0u;
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
-    if (threadIdx.x == 0) nhit = 0u;
     __syncthreads();
 
     // pass 1: direct path; the rest becomes the union bitmap. Entries go in groups of UL
@@ -203,6 +201,7 @@ __device__ __forceinline__ void lookup_body(
         // there are any (a no-miss call reads a third of the slot state).
         const i64* hot_rows = ptr<const i64>(row, T_HOT_ROWS);
         const i64* hot_locs = ptr<const i64>(row, T_HOT_LOCS);
+        unsigned n_hit = 0, n_cleared = 0;
         for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * UL) {
             i64 hr[UL], hl[UL];
             bool hit[UL];
@@ -214,36 +213,30 @@ __device__ __forceinline__ void lookup_body(
             }
 #pragma unroll
             for (int q = 0; q < UL; ++q) hit[q] = hr[q] >= 0 && hr[q] < nbits && test_bit(need_bm, hr[q]);
-            // hit slots are listed in any order: one shared atomic per warp and group of UL
-            // (a 32-bit counter), not one per hit or per query of the group
-            unsigned bal[UL], nw = 0;
-#pragma unroll
-            for (int q = 0; q < UL; ++q) {
-                bal[q] = __ballot_sync(0xffffffffu, s0 + q * NT < Bp && hit[q]);
-                nw += __popc(bal[q]);
-            }
-            unsigned base = 0;
-            if ((threadIdx.x & 31) == 0 && nw) base = atomicAdd(&nhit, nw);
-            base = __shfl_sync(0xffffffffu, base, 0);
+            // hit slots go out as a mask (word s / 32 = the ballot of a warp's 32 slots: one
+            // coalesced store, and the commit stamps them with coalesced stores too). Bp is a
+            // multiple of NT * UL (sort_size), so every lane runs every group.
 #pragma unroll
             for (int q = 0; q < UL; ++q) {
                 const int s = s0 + q * NT;
-                if (s < Bp) {
-                    if (hit[q]) {
-                        need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, hr[q])] = hl[q];
-                        atomicAnd(&miss_bm[hr[q] >> 5], ~(1u << (hr[q] & 31)));
-                        hit_slots[(i64)b * B + base + __popc(bal[q] & ((1u << (threadIdx.x & 31)) - 1u))] = s;
-                    }
-                    keys[s] = !hit[q] && s < B ? PENDING : ~0ull;
+                const unsigned bal = __ballot_sync(0xffffffffu, hit[q]);
+                if ((threadIdx.x & 31) == 0 && s < B) hit_mask[(i64)b * B + (s >> 5)] = (i32)bal;
+                if (hit[q]) {
+                    need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, hr[q])] = hl[q];
+                    const unsigned bit = 1u << (hr[q] & 31);
+                    // a bit cleared here is a miss less (counted once even if two slots held
+                    // the same row): m = u - cleared, without rescanning the miss bitmap
+                    n_cleared += (atomicAnd(&miss_bm[hr[q] >> 5], ~bit) & bit) != 0u;
+                    ++n_hit;
                 }
-                base += __popc(bal[q]);
+                keys[s] = !hit[q] && s < B ? PENDING : ~0ull;
             }
         }
+        block_add(&cnt[4], n_hit);
+        block_add(&cnt[7], n_cleared);
         __syncthreads();
         TRACE(3);  // hot scan
-        bool any_miss = false;
-        for (int w = threadIdx.x; w < W; w += NT) any_miss |= miss_bm[w] != 0u;
-        if (__syncthreads_or(any_miss)) m = bitmap_prefix(miss_bm, miss_pre, W, tmp);  // syncs
+        if (u > cnt[7]) m = bitmap_prefix(miss_bm, miss_pre, W, tmp);  // syncs; m = u - cleared
         TRACE(4);  // miss prefix (skipped without misses)
         // pass 2: entries of the union get a hot location or an encoded miss rank
         unsigned n_hot = 0, n_host = 0;
@@ -332,7 +325,7 @@ __device__ __forceinline__ void lookup_body(
         sm[S_U] = u;
         sm[S_M] = m;
         sm[S_NV] = nv;
-        sm[S_NHIT] = (i64)nhit;
+        sm[S_NHIT] = (i64)cnt[4];
         sm[S_TAIL] = (i64)cnt[0];
         sm[S_OPT] = (i64)cnt[1];
         sm[S_HOT] = (i64)cnt[2];
@@ -354,6 +347,43 @@ __device__ __forceinline__ void lookup_body(
     __threadfence();
     i64* copy_off = totals + TOT_COLS;
     i64* stage_off = copy_off + batch + 1;
+    if (batch <= 32) {  // one warp: scans and sums by shuffles, no block barrier
+        if (threadIdx.x >= 32) return;
+        const int lane = threadIdx.x;
+        unsigned f[SCOLS];
+#pragma unroll
+        for (int c = 0; c < SCOLS; ++c) f[c] = lane < batch ? (unsigned)__ldcg(summary + lane * SCOLS + c) : 0u;
+        unsigned im = f[S_M], is = f[S_M] - f[S_NV];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned ym = __shfl_up_sync(0xffffffffu, im, o), ys = __shfl_up_sync(0xffffffffu, is, o);
+            if (lane >= o) im += ym, is += ys;
+        }
+        if (lane < batch) {
+            copy_off[lane] = im - f[S_M];
+            stage_off[lane] = is - (f[S_M] - f[S_NV]);
+        }
+        const unsigned st = __reduce_or_sync(0xffffffffu, f[S_STATUS]);
+        const unsigned tail = __reduce_add_sync(0xffffffffu, f[S_TAIL]), opt = __reduce_add_sync(0xffffffffu, f[S_OPT]);
+        const unsigned hot = __reduce_add_sync(0xffffffffu, f[S_HOT]), host = __reduce_add_sync(0xffffffffu, f[S_HOST]);
+        const unsigned direct = __reduce_add_sync(0xffffffffu, f[S_DIRECT]);
+        const unsigned tot_m = __shfl_sync(0xffffffffu, im, 31), tot_s = __shfl_sync(0xffffffffu, is, 31);
+        if (lane == 0) {
+            copy_off[batch] = tot_m;
+            stage_off[batch] = tot_s;
+            totals[R_STATUS] = st;
+            totals[R_COPIES] = tot_m;
+            totals[R_STAGED] = tot_s;
+            totals[R_TAIL] = tail;
+            totals[R_OPT] = opt;
+            totals[R_HOT] = hot;
+            totals[R_HOST] = host;
+            totals[R_DIRECT] = direct;
+            totals[R_TICKET] = 0;
+        }
+        TRACE_ANY(25);
+        return;
+    }
     unsigned f[SCOLS];
 #pragma unroll
     for (int c = 0; c < SCOLS; ++c) f[c] = 0u;
@@ -397,10 +427,10 @@ __device__ __forceinline__ void lookup_body(
 #define LOOKUP_ARGS                                                                                     \
     const i64 *__restrict__ table, const i64 *__restrict__ sel, const i64 *__restrict__ visible,            \
         i64 *__restrict__ locs, i64 *__restrict__ need_loc, i64 *__restrict__ misses,                       \
-        i32 *__restrict__ victims, i32 *__restrict__ hit_slots, i64 *__restrict__ summary,                  \
+        i32 *__restrict__ victims, i32 *__restrict__ hit_mask, i64 *__restrict__ summary,                  \
         i64 *__restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,             \
         i64 finished_epoch, int select_mode
-#define LOOKUP_PASS table, sel, visible, locs, need_loc, misses, victims, hit_slots, summary, totals, batch, K, \
+#define LOOKUP_PASS table, sel, visible, locs, need_loc, misses, victims, hit_mask, summary, totals, batch, K, \
                     k, B, Bp, T, p, W, finished_epoch, select_mode
 // One block per SM (64 registers, 4 loads in flight per thread) ...
 extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) { lookup_body<4>(LOOKUP_PASS); }
