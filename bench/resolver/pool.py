@@ -23,15 +23,18 @@ def missed_rows(profile: str, k: int) -> int:
 PAGE_ROWS, TAIL_ROWS, STAGING_ROWS = 64, 72, 4096
 
 
-HOST_MODES = ("register", "thp", "hostalloc", "vmm")
+HOST_MODES = ("register", "thp", "hostalloc", "vmm", "shm")
 
 
 def alloc_host(nbytes: int, mode: str | None = None) -> tuple[torch.Tensor, str]:
     """Page-locked host pool the GPU reads in place, allocated by ``mode`` (default
     ``DHISPARSE_BENCH_HOST`` or "register"): cudaHostRegister(Mapped) of ordinary pages
     (like the kvstore's segments), of an mmap advised to transparent huge pages ("thp"),
-    cudaHostAlloc ("hostalloc", torch's pinned allocator), or host memory of the CUDA virtual
-    memory API mapped at its 2 MB granularity ("vmm": a CUDA-typed tensor)."""
+    cudaHostAlloc ("hostalloc", torch's pinned allocator), host memory of the CUDA virtual
+    memory API mapped at its 2 MB granularity ("vmm": a CUDA-typed tensor), or a kvstore
+    segment ("shm": ``services.kvstore.segments.Segment`` in ``DHISPARSE_BENCH_SHM_DIR``,
+    default /dev/shm, registered like the decode worker registers one; the file is unlinked
+    at once, the mapping lives with the tensor)."""
     mode = mode or os.environ.get("DHISPARSE_BENCH_HOST", "register")
     if mode not in HOST_MODES:
         raise ValueError(f"host allocation mode={mode!r}; expected one of {HOST_MODES}")
@@ -41,7 +44,20 @@ def alloc_host(nbytes: int, mode: str | None = None) -> tuple[torch.Tensor, str]
         return alloc_vmm_host(nbytes)
     if mode == "hostalloc":
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), "cudaHostAlloc"
-    if mode == "thp":
+    if mode == "shm":
+        from pathlib import Path
+
+        from services.kvstore.segments import Segment
+
+        shm_dir = Path(os.environ.get("DHISPARSE_BENCH_SHM_DIR", "/dev/shm"))
+        seg = Segment.create(shm_dir / f"dhisparse-bench-{os.getpid()}", nbytes)
+        seg.path.unlink()
+        t = torch.frombuffer(seg.view(), dtype=torch.uint8)
+        from services.kvstore.cuda import register
+
+        register(t.data_ptr(), nbytes)  # portable + mapped, as the decode worker does
+        return t, f"kvstore segment in {shm_dir}, cudaHostRegister(Portable | Mapped)"
+    elif mode == "thp":
         buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         buf.madvise(getattr(mmap, "MADV_HUGEPAGE", 14))
         t = torch.frombuffer(buf, dtype=torch.uint8)
