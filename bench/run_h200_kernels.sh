@@ -6,10 +6,12 @@
 # state-machine and bench phases (0 skips the phase), FIRST_TESTS runs those test files first,
 # DHISPARSE_GIT_SHA names the commit in the JSON (the device copy has no .git), TRACE=1
 # adds the phase trace (TRACE_S caps it), DHISPARSE_BENCH_HOST picks our host pool
-# (bench/resolver/pool.py), PEER_SHM=1 runs the peer a second time on a kvstore segment,
+# (bench/resolver/pool.py; shm = a kvstore segment by default here), PEER_SHM=1 runs the peer a second time on a kvstore segment,
 # CONTRAST=<pool> re-runs our copy-bound cases on that pool in the same call.
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+# our host pool: a kvstore segment unless told otherwise (bench/README.md "Host memory")
+export DHISPARSE_BENCH_HOST=${DHISPARSE_BENCH_HOST:-shm}
 PEER=${PEER:-1} TESTS_S=${TESTS_S:-200} BENCH_S=${BENCH_S:-110} STATE_S=${STATE_S:-60}
 mkdir -p /tmp/site
 if [ "$PEER" = 1 ]; then
