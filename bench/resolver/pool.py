@@ -28,8 +28,9 @@ HOST_MODES = ("register", "thp", "hostalloc", "vmm", "shm")
 
 def alloc_host(nbytes: int, mode: str | None = None) -> tuple[torch.Tensor, str]:
     """Page-locked host pool the GPU reads in place, allocated by ``mode`` (default
-    ``DHISPARSE_BENCH_HOST`` or "register"): cudaHostRegister(Mapped) of ordinary pages
-    (like the kvstore's segments), of an mmap advised to transparent huge pages ("thp"),
+    ``DHISPARSE_BENCH_HOST`` or "register"): cudaHostRegister(Mapped) of torch.empty's
+    pages ("register", as the peer harness does), of an mmap advised to transparent huge
+    pages ("thp"),
     cudaHostAlloc ("hostalloc", torch's pinned allocator), host memory of the CUDA virtual
     memory API mapped at its 2 MB granularity ("vmm": a CUDA-typed tensor), or a kvstore
     segment ("shm": ``services.kvstore.segments.Segment`` in ``DHISPARSE_BENCH_SHM_DIR``,
