@@ -66,6 +66,12 @@ class HostBacking(Protocol):
         """Release the mapping (and the CUDA registration). Idempotent."""
         ...
 
+    @property
+    def created(self) -> bool:
+        """True when the ``open`` that returned this history created it, False when it
+        re-attached an existing one (a failed admission frees only what it created)."""
+        ...
+
 
 class HostBackingProvider(Protocol):
     """Opens host histories; one per decode worker."""

@@ -57,6 +57,10 @@ class RetryingHistory:
     def close(self) -> None:
         self._inner.close()
 
+    @property
+    def created(self) -> bool:
+        return bool(getattr(self._inner, "created", False))
+
 
 class RetryingProvider:
     """``HostBackingProvider`` over a :class:`KVStoreClient` with retries (see module doc)."""

@@ -53,6 +53,7 @@ class MappedHistory:
         self._mask = torch.zeros(info.num_rows, dtype=torch.bool)
         self._set_backed(ranges_of(info.backed))
         self._dev_ptr: int | None = None
+        self.created = True  # KVStoreClient.open: False when the store re-attached it
         if register_cuda:
             from services.kvstore import cuda
             self._dev_ptr = cuda.register(self._rows.data_ptr(), n)
@@ -170,10 +171,12 @@ class KVStoreClient:
         key = (request_id, source_id)
         with self._lock:
             if (h := self._open.get(key)) is not None and not h.closed:
+                h.created = False
                 return h
         resp = self.rpc.open(request_id, source_id, self.owner, row_bytes, num_rows,
                              self.lease_seconds, attach=True)
         h = MappedHistory(self.rpc, self.owner, resp.history, self._register_cuda)
+        h.created = not resp.attached
         with self._lock:
             self._open[key] = h
         return h

@@ -151,6 +151,31 @@ def test_admit_bad_history_and_duplicates(h: Harness) -> None:
            admit, h.group, "c", 8, None, 9)
 
 
+def test_failed_admission_frees_only_the_histories_it_created(h: Harness) -> None:
+    # no host history of "d" exists: the admission opens (creates) them, finds row 0
+    # unbacked and must free them again; "c"'s histories (prefill's, re-attached by the
+    # failing admission of "c") must stay for a retry. snapshot() covers both.
+    for sid in h.group.source_ids:
+        h.provider.open("c", sid, 8, 8).commit(0, 3)
+    expect(h, FailedPrecondition, r"host rows \[0, 4\) of layer=0 are not all backed",
+           admit, h.group, "d", 8, None, 4)
+    expect(h, FailedPrecondition, r"host rows \[0, 4\) of layer=0 are not all backed",
+           admit, h.group, "c", 8, None, 4)
+    assert ("c", h.group.source_ids[0]) in h.provider.histories
+
+
+def test_admission_failing_while_placing_rows_gives_back_pages_and_histories(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.decode.hierarchy.backing import InProcessBacking
+
+    def broken(self, start, data):
+        raise OSError("host write failed")
+
+    monkeypatch.setattr(InProcessBacking, "write", broken)
+    rows = torch.ones(12, 8, dtype=torch.uint8)  # with max_optional=0 rows go to the host
+    expect(h, OSError, "host write failed", admit, h.group, "e", 16, [rows, rows], 0, 0)
+
+
 def test_admit_over_capacity_and_slots(device: str) -> None:
     h = Harness(device, policy="hisparse", max_requests=1)
     h.admit("a", 8, 0)

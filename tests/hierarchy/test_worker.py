@@ -87,3 +87,27 @@ def test_rollback_of_a_failed_admission_ignores_another_requests_pending_plan(
     h.release("a")
     for g in h.groups.values():
         assert_no_leak(g)
+
+
+def test_rolled_back_admission_keeps_prefills_histories(device: str) -> None:
+    """history=None: prefill left "b"'s rows in the host histories of both groups, but
+    dsv's miss row 5. The admission re-attaches glm's, is taken back from glm when dsv
+    fails, and must not free what prefill wrote (a retry needs it); nothing else leaks."""
+    from services.common.errors import FailedPrecondition
+
+    h, provider = make(device)
+    for group in h.groups.values():
+        for sid in group.source_ids:
+            backing = provider.open("b", sid, group.spec.row_bytes, 16)
+            backing.write(0, torch.full((8, group.spec.row_bytes), sid, dtype=torch.uint8))
+            backing.commit(0, 8 if group.name == "glm" else 5)
+    before = sorted(provider.histories)
+    free = {name: g.pages.counts()["free"] for name, g in h.groups.items()}
+    with pytest.raises(FailedPrecondition, match=r"host rows \[0, 8\) of layer=0"):
+        h.admit("b", 16, None, imported_rows=8)
+    assert sorted(provider.histories) == before
+    assert all("b" not in g.requests for g in h.groups.values())
+    assert {name: g.pages.counts()["free"] for name, g in h.groups.items()} == free
+    for group in h.groups.values():
+        assert_no_leak(group)
+

@@ -70,6 +70,7 @@ def test_grpc_round_trip_is_exact(rpc: KVStoreRPC, row_bytes: int, num_rows: int
 def test_mapped_and_grpc_paths_see_the_same_bytes(server: StoreProcess, rpc: KVStoreRPC) -> None:
     with KVStoreClient(server.target, OWNER, register_cuda=False) as client:
         h = client.open("mapped", 0, 656, 300)
+        assert h.created  # this open made it (a failed admission may free it)
         view = h.rows()
         assert view.shape == (300, 656) and view.dtype == torch.uint8
         rows = random_rows(200, 656, seed=1)
@@ -87,7 +88,10 @@ def test_mapped_and_grpc_paths_see_the_same_bytes(server: StoreProcess, rpc: KVS
         h.refresh()
         assert h.backed_mask()[200:].all() and not h.backed_mask()[100:150].any()
         # A second open of the same key re-attaches the same mapping.
-        assert client.open("mapped", 0, 656, 300) is h
+        assert client.open("mapped", 0, 656, 300) is h and not h.created
+        # A new client of the same owner (a restarted worker) re-attaches through the store.
+        with KVStoreClient(server.target, OWNER, register_cuda=False) as other:
+            assert not other.open("mapped", 0, 656, 300).created
         client.close("mapped", 0)
         assert h.closed
 

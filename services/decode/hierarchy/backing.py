@@ -28,6 +28,7 @@ class InProcessBacking:
         self._clean = 0
         self._backed = torch.zeros(num_rows, dtype=torch.bool)
         self._closed = False
+        self.created = True  # the provider sets False when an open re-attaches it
 
     @property
     def row_bytes(self) -> int:
@@ -90,6 +91,7 @@ class InProcessBackingProvider:
                     f"num_rows={found.num_rows}; asked row_bytes={row_bytes}, "
                     f"num_rows={num_rows}"
                 )
+            found.created = False
             return found
         backing = InProcessBacking(row_bytes, num_rows, pin=self.pin)
         self.histories[key] = backing

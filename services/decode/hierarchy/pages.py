@@ -116,29 +116,49 @@ def admit(
             f"pages={group.pages.available} (free={len(group.pages.free_ids)}, "
             f"reserve={cfg.reserve_pages})"
         )
-    backings = []
-    if cfg.offloads and group.provider is not None:
-        row_bytes = group.spec.row_bytes
-        opened = group.provider.open
-        backings = [opened(request_id, s, row_bytes, max_rows) for s in group.source_ids]
-    if history is None:
-        for layer, backing in enumerate(backings):
-            if not bool(backing.backed_mask()[:imported_rows].all()):
-                raise FailedPrecondition(
-                    f"history=None but host rows [0, {imported_rows}) of layer={layer} "
-                    f"are not all backed"
-                )
-        history = [b.rows()[:imported_rows] for b in backings]
-    kind = "required" if cfg.policy == "resident" else "optional"
-    state = new_request_state(
-        request_id, max_rows, imported_rows // p if cfg.policy != "resident" else 0,
-        imported_rows, group.pages.allocate(cfg.required_pages, "required"),
-        group.hot_slots, cfg.tail_rows, p, group.device,
-    )
-    state.backings = backings
-    _place_history(group, state, history, group.pages.allocate(device_pages, kind))
+    backings: list = []
+    allocated: list[int] = []
+    try:
+        if cfg.offloads and group.provider is not None:
+            row_bytes = group.spec.row_bytes
+            for s in group.source_ids:
+                backings.append(group.provider.open(request_id, s, row_bytes, max_rows))
+        if history is None:
+            for layer, backing in enumerate(backings):
+                if not bool(backing.backed_mask()[:imported_rows].all()):
+                    raise FailedPrecondition(
+                        f"history=None but host rows [0, {imported_rows}) of layer={layer} "
+                        f"are not all backed"
+                    )
+            history = [b.rows()[:imported_rows] for b in backings]
+        kind = "required" if cfg.policy == "resident" else "optional"
+        allocated = group.pages.allocate(cfg.required_pages, "required")
+        state = new_request_state(
+            request_id, max_rows, imported_rows // p if cfg.policy != "resident" else 0,
+            imported_rows, allocated, group.hot_slots, cfg.tail_rows, p, group.device,
+        )
+        state.backings = backings
+        device_page_ids = group.pages.allocate(device_pages, kind)
+        allocated = allocated + device_page_ids
+        _place_history(group, state, history, device_page_ids)
+    except BaseException:
+        _undo_open(group, request_id, backings, allocated)
+        raise
     group.requests[request_id] = state
     return state
+
+
+def _undo_open(group: SourceGroup, request_id: str, backings: list, pages: list[int]) -> None:
+    """A failed admission gives back its pages and frees the histories it created; histories
+    it re-attached (prefill's rows for ``history=None``) stay for a retry."""
+    if pages:
+        group.pages.give_back(pages)
+    for sid, backing in zip(group.source_ids, backings, strict=False):
+        if getattr(backing, "created", False):
+            try:
+                group.provider.close(request_id, sid)
+            except Exception:  # the admission's own error is the one to report
+                pass
 
 
 def _place_history(
@@ -397,8 +417,12 @@ def release(group: SourceGroup, request_id: str) -> None:
 def undo_admit(group: SourceGroup, request_id: str) -> None:
     """Take back an admission made a moment ago (a multi-group admission failing in a later
     group): no resolve can name the request yet, so neither earlier readers nor another
-    request's pending plan stand in the way, unlike ``release``."""
-    _free_request(group, group.request(request_id))
+    request's pending plan stand in the way, unlike ``release``. Only the histories the
+    admission created are freed; re-attached ones (prefill's) stay for a retry."""
+    state = group.request(request_id)
+    backings, state.backings = state.backings, []
+    _free_request(group, state)
+    _undo_open(group, request_id, backings, [])
 
 
 def _free_request(group: SourceGroup, state: RequestState) -> None:

@@ -62,6 +62,16 @@ class PagePool:
             del self.kind[page]
             self.free_ids.append(page)
 
+    def give_back(self, pages: list[int]) -> None:
+        """Undo the latest ``allocate`` calls that returned ``pages`` (in allocation order):
+        they return to the front of the free list, which is then as before them."""
+        for page in pages:
+            if page not in self.kind:
+                raise InvalidArgument(f"page={page} is not allocated (double free)")
+        for page in reversed(pages):
+            del self.kind[page]
+            self.free_ids.appendleft(page)
+
     def count(self, kind: str) -> int:
         return sum(1 for k in self.kind.values() if k == kind)
 
