@@ -175,7 +175,15 @@ class KVStoreClient:
                 return h
         resp = self.rpc.open(request_id, source_id, self.owner, row_bytes, num_rows,
                              self.lease_seconds, attach=True)
-        h = MappedHistory(self.rpc, self.owner, resp.history, self._register_cuda)
+        try:
+            h = MappedHistory(self.rpc, self.owner, resp.history, self._register_cuda)
+        except BaseException:
+            if not resp.attached:  # created for nothing: free it (the renewer would keep it)
+                try:
+                    self.rpc.close(request_id, source_id, self.owner)
+                except Exception:  # the mapping error is the one to report
+                    pass
+            raise
         h.created = not resp.attached
         with self._lock:
             self._open[key] = h

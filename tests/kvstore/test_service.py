@@ -96,6 +96,23 @@ def test_mapped_and_grpc_paths_see_the_same_bytes(server: StoreProcess, rpc: KVS
         assert h.closed
 
 
+def test_open_whose_mapping_fails_frees_what_it_created(
+        server: StoreProcess, rpc: KVStoreRPC, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store created the history but this process could not map it: the client frees it
+    (no caller holds it, and the owner's lease renewals would keep it for good)."""
+    import services.kvstore.client as client_mod
+
+    def unmappable(*args, **kwargs):
+        raise OSError("mmap failed")
+
+    with KVStoreClient(server.target, OWNER, register_cuda=False) as client:
+        monkeypatch.setattr(client_mod, "MappedHistory", unmappable)
+        with pytest.raises(OSError, match="mmap failed"):
+            client.open("unmapped", 0, 656, 8)
+    keys = {(h.key.request_id, h.key.source_id) for h in rpc.stats(include_histories=True).history}
+    assert ("unmapped", 0) not in keys
+
+
 def grpc_code(fn, *args, **kw) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
     with pytest.raises(Exception) as info:
         fn(*args, **kw)

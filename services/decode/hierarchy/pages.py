@@ -421,13 +421,16 @@ def undo_admit(group: SourceGroup, request_id: str) -> None:
     admission created are freed; re-attached ones (prefill's) stay for a retry."""
     state = group.request(request_id)
     backings, state.backings = state.backings, []
-    _free_request(group, state)
+    _free_request(group, state, undo=True)
     _undo_open(group, request_id, backings, [])
 
 
-def _free_request(group: SourceGroup, state: RequestState) -> None:
+def _free_request(group: SourceGroup, state: RequestState, undo: bool = False) -> None:
+    """``undo``: the admission is taken back, its pages return to the front of the free list
+    in allocation order (required, then the history pages by position)."""
     request_id = state.request_id
-    group.pages.free(state.required_pages + state.page_map[state.page_map >= 0].tolist())
+    pages = state.required_pages + state.page_map[state.page_map >= 0].tolist()
+    (group.pages.give_back if undo else group.pages.free)(pages)
     group.staging.drop_request(request_id)
     if group.provider is not None and state.backings:
         for sid in group.source_ids:
