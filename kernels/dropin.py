@@ -107,21 +107,33 @@ def _structural_checks(
 COPY_LAYERS = 4  # payload layers one resolve may copy in its commit launch
 
 
-def _copy_pointers(
+def _host_rows(
     group: SourceGroup, request_ids: Sequence[str], layers: Sequence[int]
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(host_ptrs [L, batch], payload_ptrs [L]) on the device for the commit's miss copies,
-    or None when a request has no host history (nothing to copy from) or some of those host
-    rows are not page-locked (no zero-copy read)."""
+) -> list[list[torch.Tensor]] | None:
+    """Host rows ``[layer][request]`` the GPU can read in place, or None when a request has
+    no host history (nothing to copy from) or some of them are not page-locked."""
     states = [group.request(rid) for rid in request_ids]
     if any(len(s.backings) != group.spec.payload_layers for s in states):
         return None
     hosts = [[s.backings[layer].rows() for s in states] for layer in layers]
-    if not all(_pinned(h) for row in hosts for h in row):
+    return hosts if all(_pinned(h) for row in hosts for h in row) else None
+
+
+def _on_device(group: SourceGroup, values: list) -> torch.Tensor:
+    """int64 values (addresses) to the device through pinned memory, without a host wait."""
+    return torch.tensor(values, dtype=torch.int64).pin_memory().to(group.device, non_blocking=True)
+
+
+def _copy_pointers(
+    group: SourceGroup, request_ids: Sequence[str], layers: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(host_ptrs [L, batch], payload_ptrs [L]) on the device for the commit's miss copies,
+    or None where ``_host_rows`` is None."""
+    hosts = _host_rows(group, request_ids, layers)
+    if hosts is None:
         return None
-    host = torch.tensor([[h.data_ptr() for h in row] for row in hosts], dtype=torch.int64)
-    pay = torch.tensor([group.payloads[layer].data_ptr() for layer in layers], dtype=torch.int64)
-    return tuple(t.pin_memory().to(group.device, non_blocking=True) for t in (host, pay))
+    return (_on_device(group, [[h.data_ptr() for h in row] for row in hosts]),
+            _on_device(group, [group.payloads[layer].data_ptr() for layer in layers]))
 
 
 def resolve(
@@ -271,8 +283,8 @@ def apply_copies(group: SourceGroup, plan: ref.ResolvePlan, layer: int) -> int:
     group.check_layer(layer)
     if plan.copy_rows.numel() == 0 or group.device.type != "cuda":
         return ref.apply_copies(group, plan, layer)
-    hosts = [group.request(rid).backings[layer].rows() for rid in plan.request_ids]
-    if not all(_pinned(h) for h in hosts):
+    hosts = _host_rows(group, plan.request_ids, [layer])
+    if hosts is None:
         return ref.apply_copies(group, plan, layer)  # pageable host rows: no zero-copy path
     if plan.epoch != group.pending_epoch or layer not in group.pending_layers:
         raise FailedPrecondition(
@@ -280,8 +292,7 @@ def apply_copies(group: SourceGroup, plan: ref.ResolvePlan, layer: int) -> int:
             f"{group.pending_epoch}, layers={sorted(group.pending_layers)})"
         )
     payload, row_bytes = group.payloads[layer], group.spec.row_bytes
-    host_ptrs = torch.tensor([h.data_ptr() for h in hosts], dtype=torch.int64).pin_memory()
-    host_ptrs = host_ptrs.to(group.device, non_blocking=True)
+    host_ptrs = _on_device(group, [h.data_ptr() for h in hosts[0]])
     n = plan.copy_rows.numel()
     plan_copy(payload, plan.copy_batch, plan.copy_rows, plan.copy_dst, host_ptrs, n, row_bytes)
     group.pending_layers.discard(layer)
