@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -93,8 +94,12 @@ class RetryingProvider:
 
     def open(self, request_id: str, source_id: int, row_bytes: int,
              num_rows: int) -> RetryingHistory:
+        # one token for every attempt: a retry after a lost reply still learns that this
+        # open created the history (a failed admission must free it)
+        token = uuid.uuid4().hex
         inner = self._retry(lambda: self.client.open(request_id, source_id, row_bytes,
-                                                     num_rows), f"open {request_id}")
+                                                     num_rows, open_id=token),
+                            f"open {request_id}")
         return RetryingHistory(inner, self._retry)
 
     def close(self, request_id: str, source_id: int) -> None:

@@ -165,16 +165,17 @@ class KVStoreClient:
                                              name=f"kvstore-lease-{owner}")
             self._renewer.start()
 
-    def open(self, request_id: str, source_id: int, row_bytes: int, num_rows: int
-             ) -> MappedHistory:
-        """Create or re-attach ``(request_id, source_id)`` and map it."""
+    def open(self, request_id: str, source_id: int, row_bytes: int, num_rows: int,
+             open_id: str = "") -> MappedHistory:
+        """Create or re-attach ``(request_id, source_id)`` and map it. ``open_id``: a token
+        the caller repeats when it retries this open (see ``OpenHistoryRequest.open_id``)."""
         key = (request_id, source_id)
         with self._lock:
             if (h := self._open.get(key)) is not None and not h.closed:
                 h.created = False
                 return h
         resp = self.rpc.open(request_id, source_id, self.owner, row_bytes, num_rows,
-                             self.lease_seconds, attach=True)
+                             self.lease_seconds, attach=True, open_id=open_id)
         try:
             h = MappedHistory(self.rpc, self.owner, resp.history, self._register_cuda)
         except BaseException:

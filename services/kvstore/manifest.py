@@ -39,6 +39,7 @@ class HistoryRecord:
     lease_expires: float
     backed: list[list[int]] = field(default_factory=list)
     version: int = VERSION
+    open_id: str = ""  # token of the open that created it (OpenHistoryRequest.open_id)
 
 
 class Manifest:

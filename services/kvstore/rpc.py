@@ -87,10 +87,11 @@ class KVStoreRPC:
             raise errors.Unavailable(f"kvstore at {self.target} not ready in {timeout}s") from None
 
     def open(self, request_id: str, source_id: int, owner: str, row_bytes: int, num_rows: int,
-             lease_seconds: float = 0.0, attach: bool = False) -> pb.OpenHistoryResponse:
+             lease_seconds: float = 0.0, attach: bool = False, open_id: str = ""
+             ) -> pb.OpenHistoryResponse:
         return self._call(self.stub.OpenHistory, pb.OpenHistoryRequest(
             key=key_pb(request_id, source_id), owner=owner, row_bytes=row_bytes,
-            num_rows=num_rows, lease_seconds=lease_seconds, attach=attach))
+            num_rows=num_rows, lease_seconds=lease_seconds, attach=attach, open_id=open_id))
 
     def commit(self, request_id: str, source_id: int, owner: str,
                ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:

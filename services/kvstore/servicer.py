@@ -71,7 +71,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
                           ) -> pb.OpenHistoryResponse:
         info, created = self.store.open(
             request.key.request_id, request.key.source_id, request.owner, request.row_bytes,
-            request.num_rows, request.lease_seconds, request.attach)
+            request.num_rows, request.lease_seconds, request.attach, request.open_id)
         return pb.OpenHistoryResponse(history=history_pb(info), attached=not created,
                                       max_chunk_bytes=self.store.options.max_chunk_bytes)
 

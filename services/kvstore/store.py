@@ -127,22 +127,27 @@ class KVStore:
     # -- lifecycle -------------------------------------------------------------------
 
     def open(self, request_id: str, source_id: int, owner: str, row_bytes: int,
-             num_rows: int, lease_seconds: float = 0.0, attach: bool = False
-             ) -> tuple[HistoryInfo, bool]:
+             num_rows: int, lease_seconds: float = 0.0, attach: bool = False,
+             open_id: str = "") -> tuple[HistoryInfo, bool]:
         """Create a history (or, with ``attach``, re-attach the owner's identical one).
 
-        Returns ``(info, created)``. Raises ``AlreadyExists`` for a duplicate (or a
-        re-attach with another shape), ``PermissionDenied`` for another owner's
-        history, ``ResourceExhausted`` when ``capacity`` cannot hold it.
+        Returns ``(info, created)``; ``created`` is also True for a re-attach carrying the
+        ``open_id`` of the open that created the history (a retried open whose reply was
+        lost). Raises ``AlreadyExists`` for a duplicate (or a re-attach with another
+        shape), ``PermissionDenied`` for another owner's history, ``ResourceExhausted``
+        when ``capacity`` cannot hold it.
         """
         key = check_key(request_id, source_id)
         check_id("owner", owner)
+        if open_id:
+            check_id("open_id", open_id)
         o = self.options
         check_shape(row_bytes, num_rows, o.max_chunk_bytes)
         lease = check_lease(lease_seconds, o.default_lease_seconds, o.max_lease_seconds)
         with self._lock:
             if (h := self._histories.get(key)) is not None:
-                return self._reattach(h, key, owner, row_bytes, num_rows, lease, attach), False
+                info = self._reattach(h, key, owner, row_bytes, num_rows, lease, attach)
+                return info, bool(open_id) and h.record.open_id == open_id
             size = segment_bytes(row_bytes, num_rows)
             if self._used + size > o.capacity:
                 raise ResourceExhausted(
@@ -152,7 +157,7 @@ class KVStore:
             deadline = self._clock() + lease
             seg = Segment.create(o.shm_dir / name, size, o.preallocate)
             record = HistoryRecord(request_id, source_id, owner, row_bytes, num_rows,
-                                   name, size, deadline)
+                                   name, size, deadline, open_id=open_id)
             try:
                 self._manifest.save(record)
             except BaseException:

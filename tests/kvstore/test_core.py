@@ -186,6 +186,26 @@ def test_recovery_after_crash_keeps_committed_rows(prefix: str, clock: Clock) ->
     assert_no_segments(prefix)
 
 
+def test_open_token_tells_a_retried_open_that_it_created_the_history(
+        prefix: str, clock: Clock) -> None:
+    """A reply lost in a crash: the retry (same token, attach) learns the history is its own
+    creation, also from a restarted store; any other token, or none, sees a re-attach."""
+    s = KVStore(options(prefix), clock)
+    _, created = s.open("t", 0, "w0", 16, 8, open_id="tok-1")
+    assert created
+    assert s.open("t", 0, "w0", 16, 8, attach=True, open_id="tok-1")[1]
+    assert not s.open("t", 0, "w0", 16, 8, attach=True, open_id="tok-2")[1]
+    assert not s.open("t", 0, "w0", 16, 8, attach=True)[1]
+    again = KVStore(options(prefix), clock)  # no shutdown: the store "died" after saving
+    assert again.open("t", 0, "w0", 16, 8, attach=True, open_id="tok-1")[1]
+    assert not again.open("t", 0, "w0", 16, 8, attach=True, open_id="tok-2")[1]
+    with pytest.raises(InvalidArgument, match="open_id has 129 characters; the limit is 128"):
+        again.open("u", 0, "w0", 16, 8, open_id="x" * 129)
+    assert again.stats().histories == 1
+    again.close_history("t", 0, "w0")
+    assert_no_segments(prefix)
+
+
 def test_recovery_drops_records_without_segment(prefix: str, clock: Clock) -> None:
     s = KVStore(options(prefix), clock)
     info, _ = s.open("a", 0, "w0", 32, 16)

@@ -96,6 +96,13 @@ def test_mapped_and_grpc_paths_see_the_same_bytes(server: StoreProcess, rpc: KVS
         assert h.closed
 
 
+def test_open_token_travels_over_grpc(rpc: KVStoreRPC) -> None:
+    assert not rpc.open("tok", 0, OWNER, 16, 4, attach=True, open_id="t-1").attached
+    assert not rpc.open("tok", 0, OWNER, 16, 4, attach=True, open_id="t-1").attached  # retry
+    assert rpc.open("tok", 0, OWNER, 16, 4, attach=True, open_id="t-2").attached
+    rpc.close("tok", 0, OWNER)
+
+
 def test_open_whose_mapping_fails_frees_what_it_created(
         server: StoreProcess, rpc: KVStoreRPC, monkeypatch: pytest.MonkeyPatch) -> None:
     """The store created the history but this process could not map it: the client frees it

@@ -24,20 +24,22 @@ class RowRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class OpenHistoryRequest(_message.Message):
-    __slots__ = ("key", "row_bytes", "num_rows", "owner", "lease_seconds", "attach")
+    __slots__ = ("key", "row_bytes", "num_rows", "owner", "lease_seconds", "attach", "open_id")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ROW_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ATTACH_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ID_FIELD_NUMBER: _ClassVar[int]
     key: HistoryKey
     row_bytes: int
     num_rows: int
     owner: str
     lease_seconds: float
     attach: bool
-    def __init__(self, key: _Optional[_Union[HistoryKey, _Mapping]] = ..., row_bytes: _Optional[int] = ..., num_rows: _Optional[int] = ..., owner: _Optional[str] = ..., lease_seconds: _Optional[float] = ..., attach: _Optional[bool] = ...) -> None: ...
+    open_id: str
+    def __init__(self, key: _Optional[_Union[HistoryKey, _Mapping]] = ..., row_bytes: _Optional[int] = ..., num_rows: _Optional[int] = ..., owner: _Optional[str] = ..., lease_seconds: _Optional[float] = ..., attach: _Optional[bool] = ..., open_id: _Optional[str] = ...) -> None: ...
 
 class HistoryInfo(_message.Message):
     __slots__ = ("key", "owner", "row_bytes", "num_rows", "segment_name", "segment_path", "segment_offset", "backed_rows", "backed", "lease_expires_unix")
