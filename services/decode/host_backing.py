@@ -19,7 +19,7 @@ from typing import TypeVar
 import torch
 
 from services.common.backing import HostBacking
-from services.common.errors import NotFound, Unavailable
+from services.common.errors import DHiSparseError, NotFound, Unavailable
 from services.common.logging import get_logger
 from services.kvstore.client import KVStoreClient
 
@@ -103,9 +103,15 @@ class RetryingProvider:
         return RetryingHistory(inner, self._retry)
 
     def close(self, request_id: str, source_id: int) -> None:
+        """Free the history now, or later from a background thread when the store cannot
+        answer (down, restarting, slow): a release never waits for the store and never
+        fails for it. NotFound means its lease ran out meanwhile: it is freed already."""
         try:
             self.client.close(request_id, source_id)
-        except Unavailable:
+        except NotFound:
+            pass
+        except DHiSparseError as exc:
+            log.warning("kvstore close of %s/%d deferred: %s", request_id, source_id, exc)
             with self._lock:
                 self._deferred.append((request_id, source_id))
 
@@ -123,7 +129,9 @@ class RetryingProvider:
                     self.client.close(*key)
                 except NotFound:
                     pass                      # its lease expired meanwhile: already freed
-                except Unavailable:
+                except Exception as exc:      # anything else: keep the rest for next time
+                    if not isinstance(exc, Unavailable):
+                        log.warning("deferred kvstore close of %s/%d failed: %s", *key, exc)
                     with self._lock:
                         self._deferred.extend(todo[i:])
                     break

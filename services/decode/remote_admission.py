@@ -154,13 +154,15 @@ class RemoteAdmission:
 
     # -- beyond LocalAdmission ------------------------------------------------------------
     def cancel(self, ticket: RemoteTicket) -> None:
-        """Withdraw an admission (the client went away); releases it if it was granted."""
-        ticket.withdrawn = True
-        if ticket.call is not None:
-            ticket.call.cancel()
+        """Withdraw an admission (the client went away); releases it if it was granted.
+        ``withdrawn`` is set under the lock ``_admitted`` takes to record a grant, so a grant
+        arriving meanwhile is either released here or released there, never kept."""
         with self._lock:
+            ticket.withdrawn = True
             self._pending.pop(ticket.request_id, None)
             granted = self._live.pop(ticket.request_id, None) is not None
+        if ticket.call is not None:
+            ticket.call.cancel()
         if granted:
             self._releases.put(ticket.request_id)
 
@@ -197,20 +199,22 @@ class RemoteAdmission:
     def _admitted(self, ticket: RemoteTicket, call: grpc.Future) -> None:
         if call.cancelled():
             return
-        if ticket.withdrawn or self._stop.is_set():
-            if call.exception() is None:
-                self._releases.put(ticket.request_id)      # granted at the last instant
-            return
         exc = call.exception()
         if exc is None:
             r = call.result()
             grant = Grant(r.request_id, r.worker_id, r.worker_address, r.required_pages,
                           r.optional_pages, r.wait_seconds, tuple(r.reclaimed_requests))
-            with self._lock:
-                self._pending.pop(ticket.request_id, None)
-                self._live[ticket.request_id] = ticket
-            ticket.grant = grant
-            ticket.state = TicketState.GRANTED
+            with self._lock:  # decided together with cancel(): see there
+                keep = not (ticket.withdrawn or self._stop.is_set())
+                if keep:
+                    self._pending.pop(ticket.request_id, None)
+                    self._live[ticket.request_id] = ticket
+                    ticket.grant = grant
+                    ticket.state = TicketState.GRANTED
+            if not keep:
+                self._releases.put(ticket.request_id)      # granted at the last instant
+            return
+        if ticket.withdrawn or self._stop.is_set():
             return
         code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
         if code in RETRY_CODES and time.monotonic() < ticket.deadline:

@@ -304,6 +304,9 @@ class DecodeWorker:
             stream.push(TokenBatch(list(tokens), first, t - run.arrival, rnd))
 
     def _on_finish(self, run: RequestRun) -> None:
+        if run.error is not None:  # ended before its first token: the client gets the error
+            self._forget(run, run.error)
+            return
         w = self.worker_id
         if run.ttft is not None:
             self.metrics.ttft.labels(w).observe(run.ttft)

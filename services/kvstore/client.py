@@ -191,8 +191,16 @@ class KVStoreClient:
         return h
 
     def close(self, request_id: str, source_id: int) -> None:
-        """Free the history in the store and unmap it here."""
-        self.rpc.close(request_id, source_id, self.owner)
+        """Free the history in the store and unmap it here. The mapping goes also when the
+        store says NotFound (its lease ran out: the history is gone there)."""
+        try:
+            self.rpc.close(request_id, source_id, self.owner)
+        except NotFound:
+            self._unmap(request_id, source_id)
+            raise
+        self._unmap(request_id, source_id)
+
+    def _unmap(self, request_id: str, source_id: int) -> None:
         with self._lock:
             h = self._open.pop((request_id, source_id), None)
         if h is not None:

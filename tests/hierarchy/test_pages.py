@@ -272,3 +272,33 @@ def test_backup_writes_and_commits_once_per_run_of_consecutive_pages() -> None:
     assert backup(h.group, "a") == 28  # pages 3-9: one run
     assert len(calls) == 4 and {s for _, _, s in calls} == {12}
     h.check()
+
+
+def test_release_whose_host_close_fails_still_frees_and_closes_the_rest(
+        device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A history's close raising (a store that answers with an error) does not leave the
+    request admitted on pages that are already free: the request goes, every other history
+    is closed, the error surfaces."""
+    from services.common.errors import DeadlineExceeded
+    from services.decode.hierarchy import release
+    from services.decode.hierarchy.backing import InProcessBackingProvider
+    from services.decode.hierarchy.invariants import assert_no_leak
+
+    h = Harness(device, policy="hisparse")
+    h.admit("a", 16, 9)
+    group, close = h.group, InProcessBackingProvider.close
+    free = len(group.pages.free_ids)
+    sid0 = group.source_ids[0]
+
+    def flaky(self, request_id: str, source_id: int) -> None:
+        if source_id == sid0:
+            raise DeadlineExceeded("the kvstore did not answer")
+        close(self, request_id, source_id)
+
+    monkeypatch.setattr(InProcessBackingProvider, "close", flaky)
+    with pytest.raises(DeadlineExceeded):
+        release(group, "a")
+    assert "a" not in group.requests
+    assert len(group.pages.free_ids) == group.pages.num_pages > free  # all back: "a" was alone
+    assert sorted(h.provider.histories) == [("a", sid0)]  # only the failing one is left
+    assert_no_leak(group)

@@ -1,11 +1,13 @@
-"""RetryingProvider.open across a lost reply: every attempt carries one open token, so the
-retry learns that the history is its own creation (a failed admission then frees it)."""
+"""RetryingProvider across store faults: every attempt of an open carries one token, so a
+retry after a lost reply learns that the history is its own creation (a failed admission then
+frees it); closes never fail for the store, they wait in a background closer."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
-from services.common.errors import Unavailable
+from services.common.errors import DeadlineExceeded, NotFound, Unavailable
 from services.decode.host_backing import RetryingProvider
 from services.kvstore.store import KVStore
 from tests.kvstore.harness import assert_no_segments
@@ -50,3 +52,56 @@ def test_retry_after_a_lost_reply_reports_the_creation(prefix: str) -> None:
         provider.shutdown()
         store.shutdown()
     assert_no_segments(prefix)
+
+
+class FlakyCloser:
+    """A client whose close fails as ``mode`` says."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.mode = "ok"
+
+    def close(self, request_id: str, source_id: int) -> None:
+        self.calls.append((request_id, source_id))
+        if self.mode == "down":
+            raise Unavailable("kvstore down")
+        if self.mode == "slow":
+            raise DeadlineExceeded("kvstore did not answer in time")
+        if self.mode == "gone":
+            raise NotFound("lease ran out")
+
+    def shutdown(self) -> None:
+        pass
+
+
+def wait_for(cond, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def test_closes_are_deferred_on_any_store_error_and_survive_them() -> None:
+    """A release never fails for the store: NotFound means freed already, any other error
+    defers the close; the background closer outlives errors other than Unavailable and
+    keeps every deferred close until it went through."""
+    client = FlakyCloser()
+    provider = RetryingProvider(client)  # type: ignore[arg-type]
+    try:
+        client.mode = "gone"
+        provider.close("x", 0)  # no error, nothing deferred
+        assert provider.deferred == 0
+        client.mode = "down"
+        provider.close("a", 0)
+        client.mode = "slow"
+        provider.close("b", 0)
+        assert provider.deferred == 2
+        assert wait_for(lambda: client.calls.count(("a", 0)) >= 2)  # the closer tried again
+        assert provider._closer.is_alive() and provider.deferred == 2
+        client.mode = "ok"
+        assert wait_for(lambda: provider.deferred == 0)
+        assert ("b", 0) in client.calls[-2:] and provider._closer.is_alive()
+    finally:
+        provider.shutdown()

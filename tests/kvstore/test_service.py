@@ -11,6 +11,7 @@ import grpc
 import pytest
 import torch
 
+from services.common.errors import NotFound
 from services.common.gen.dhisparse.v1 import kvstore_pb2 as pb
 from services.kvstore.client import KVStoreClient
 from services.kvstore.rpc import KVStoreRPC
@@ -101,6 +102,16 @@ def test_open_token_travels_over_grpc(rpc: KVStoreRPC) -> None:
     assert not rpc.open("tok", 0, OWNER, 16, 4, attach=True, open_id="t-1").attached  # retry
     assert rpc.open("tok", 0, OWNER, 16, 4, attach=True, open_id="t-2").attached
     rpc.close("tok", 0, OWNER)
+
+
+def test_close_of_a_history_freed_meanwhile_still_unmaps(server: StoreProcess,
+                                                        rpc: KVStoreRPC) -> None:
+    with KVStoreClient(server.target, OWNER, register_cuda=False) as client:
+        h = client.open("gone", 0, 656, 8)
+        rpc.close("gone", 0, OWNER)  # freed in the store (as an expired lease would be)
+        with pytest.raises(NotFound):
+            client.close("gone", 0)
+        assert h.closed  # the mapping does not outlive the history
 
 
 def test_open_whose_mapping_fails_frees_what_it_created(

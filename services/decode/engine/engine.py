@@ -31,7 +31,8 @@ from collections.abc import Callable
 import torch
 
 from services.common.backing import HostBackingProvider
-from services.common.errors import InvalidArgument, NotFound
+from services.common.errors import DHiSparseError, InvalidArgument, NotFound
+from services.common.logging import get_logger
 from services.decode.engine.admission import LocalAdmission
 from services.decode.engine.commands import execute_command
 from services.decode.engine.config import EngineConfig
@@ -45,6 +46,8 @@ from services.decode.spec.acceptance import greedy_accept, sample_from, speculat
 from services.decode.spec.drafter import Drafter, DrafterConfig
 from services.decode.spec.memory import SpecMemory, spec_memory
 from services.residency.core import Command, CommandKind, PolicyConfig
+
+log = get_logger("decode.engine")
 
 PREFIX_CACHE = 8  # prompt prefills kept for reuse (identical prompts import, not prefill)
 
@@ -79,6 +82,7 @@ class Engine:
         self.waiting: deque[RequestRun] = deque()
         self.running: dict[str, RequestRun] = {}
         self.finished: list[RequestRun] = []
+        self.failed: list[RequestRun] = []  # granted, but activation failed (run.error)
         self._free_slots = list(range(config.max_requests - 1, -1, -1))
         self._deferred: list[Command] = []  # Populates paced to a later step
         self._populated = False             # this step's Populate batch already ran
@@ -233,11 +237,18 @@ class Engine:
         t0 = time.perf_counter()
         prefix = self._prefix_of(run)
         grant = run.ticket.grant
-        run.slot = self._free_slots.pop()
         history = {name: [prefix.rows[(g, q)] for q in range(self.config.model.payloads_per_group)]
                    for g, name in enumerate(self.kv.names)}
-        self.hierarchy.admit(run.request_id, self._max_rows(run), history=history,
-                             max_optional=grant.optional_pages)
+        try:
+            self.hierarchy.admit(run.request_id, self._max_rows(run), history=history,
+                                 max_optional=grant.optional_pages)
+        except DHiSparseError as exc:
+            # the request cannot start here (e.g. the kvstore has no room for its host
+            # history): the hierarchy rolled the admission back; give the grant back and
+            # fail this request alone, the others keep decoding
+            self._fail(run, exc)
+            return
+        run.slot = self._free_slots.pop()
         self.kv.request_of[run.slot] = run.request_id
         self.index.open(run.slot)
         self.model.import_prefix(prefix, run.slot, self.index)
@@ -314,6 +325,17 @@ class Engine:
         if run.on_tokens is not None and tokens:
             run.on_tokens(run, tokens, now)
         return tokens
+
+    def _fail(self, run: RequestRun, error: DHiSparseError) -> None:
+        """A granted request that could not be activated: its grant goes back to the
+        admission and ``on_finish`` sees ``run.error``."""
+        self.admission.release(run.request_id)
+        run.error = error
+        run.phase, run.finished_at = Phase.FINISHED, self.clock()
+        self.failed.append(run)
+        log.warning("request %s failed at activation: %s", run.request_id, error)
+        if run.on_finish is not None:
+            run.on_finish(run)
 
     def _finish(self, run: RequestRun) -> None:
         t0 = time.perf_counter()

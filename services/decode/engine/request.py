@@ -64,6 +64,9 @@ class RequestRun:
     rounds: int = 0
     generator: torch.Generator | None = None
     ticket: object | None = None
+    error: BaseException | None = None
+    """Set when the request ended without decoding (activation failed); then ``on_finish``
+    runs once with it."""
     on_tokens: Callable[[RequestRun, list[int], float], None] | None = None
     """Called from the engine thread with each batch of emitted tokens and their time."""
     on_finish: Callable[[RequestRun], None] | None = None

@@ -432,10 +432,16 @@ def _free_request(group: SourceGroup, state: RequestState, undo: bool = False) -
     pages = state.required_pages + state.page_map[state.page_map >= 0].tolist()
     (group.pages.give_back if undo else group.pages.free)(pages)
     group.staging.drop_request(request_id)
+    del group.requests[request_id]  # gone with its pages, whatever the closes below do
     if group.provider is not None and state.backings:
-        for sid in group.source_ids:
-            group.provider.close(request_id, sid)
-    del group.requests[request_id]
+        failed: BaseException | None = None
+        for sid in group.source_ids:  # every history gets its close, even after a failure
+            try:
+                group.provider.close(request_id, sid)
+            except Exception as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 def optional_pages(group: SourceGroup, request_id: str) -> int:

@@ -1,0 +1,59 @@
+"""RemoteAdmission: a cancel racing the grant of the same ticket never strands the grant."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services.common.gen.dhisparse.v1 import residency_pb2 as pb
+from services.decode.remote_admission import (
+    RemoteAdmission,
+    RemoteTicket,
+    TicketState,
+    WorkerPool,
+)
+
+
+class GrantedCall:
+    """A finished Admit call that granted the ticket; ``cancel_at`` runs the engine
+    thread's ``cancel`` inside ``exception()`` or ``result()``, i.e. between the callback's
+    steps."""
+
+    def __init__(self, adm: RemoteAdmission, ticket: RemoteTicket, cancel_at: str) -> None:
+        self.adm, self.ticket, self.cancel_at = adm, ticket, cancel_at
+
+    def cancelled(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return False
+
+    def exception(self):
+        if self.cancel_at == "exception":
+            self.adm.cancel(self.ticket)
+        return None
+
+    def result(self) -> pb.AdmitResponse:
+        if self.cancel_at == "result":
+            self.adm.cancel(self.ticket)
+        return pb.AdmitResponse(request_id=self.ticket.request_id, worker_id="w")
+
+
+@pytest.mark.parametrize("cancel_at", ["exception", "result", "after"])
+def test_cancel_racing_a_grant_releases_it(cancel_at: str) -> None:
+    adm = RemoteAdmission("127.0.0.1:1", WorkerPool("w", "x", 10, 0, 2, 8, 8), lambda live: [])
+    released: list[str] = []
+    put = adm._releases.put
+    adm._releases.put = lambda item, *a, **kw: (released.append(item), put(item, *a, **kw))
+    try:
+        ticket = RemoteTicket("r", 1, 0, time.monotonic() + 5)
+        adm._pending["r"] = ticket
+        adm._admitted(ticket, GrantedCall(adm, ticket, cancel_at))
+        if cancel_at == "after":
+            assert ticket.state is TicketState.GRANTED
+            adm.cancel(ticket)
+        assert "r" not in adm._live and "r" not in adm._pending
+        assert released == ["r"]  # exactly one release reaches the controller
+    finally:
+        adm.close()
