@@ -224,6 +224,12 @@ class RemoteAdmission:
             timer.daemon = True
             timer.start()
             return
+        if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ALREADY_EXISTS):
+            # the controller may hold a grant nobody will run: one made as the deadline
+            # passed, or one whose reply was lost before this retry (ALREADY_EXISTS: the
+            # engine's ids are unique, so it is our own). Releasing an unknown request is
+            # a no-op there.
+            self._releases.put(ticket.request_id)
         err = domain_error(exc)
         if code is grpc.StatusCode.DEADLINE_EXCEEDED:
             err = errors.DeadlineExceeded(

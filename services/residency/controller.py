@@ -170,15 +170,26 @@ class ResidencyController:
 
     def report(self, session: WorkerSession, acks: Iterable[tuple[int, bool]],
                released: Iterable[str] = ()) -> None:
-        """Acks (command id, ok), heartbeats (any report) and finished requests."""
+        """Acks (command id, ok), heartbeats (any report) and finished requests. Every item
+        is handled; a refused one (an ack given twice, another worker's command or
+        request) is raised after the rest, so one bad item neither drops the others nor
+        keeps a finished request held. An ack of a command this controller never issued (an
+        earlier incarnation's: the worker cannot tell) is logged and skipped."""
         wid = session.worker_id
         self.core.touch(wid)
+        refused: FailedPrecondition | None = None
         try:
             for command_id, ok in acks:
-                cmd = self.core.ack(command_id, wid, ok)
+                try:
+                    cmd = self.core.ack(command_id, wid, ok)
+                except NotFound:
+                    log.info("worker %s acked command %d unknown here", wid, command_id)
+                    continue
+                except FailedPrecondition as exc:  # twice, or another worker's: refused
+                    refused = refused or exc     # after the rest
+                    continue
                 if cmd is not None and ok:
                     self._count(cmd)
-            refused: FailedPrecondition | None = None
             for rid in released:
                 try:
                     self.release(rid, wid)

@@ -57,3 +57,64 @@ def test_cancel_racing_a_grant_releases_it(cancel_at: str) -> None:
         assert released == ["r"]  # exactly one release reaches the controller
     finally:
         adm.close()
+
+
+class FailedCall:
+    """A finished Admit call that failed with ``code``."""
+
+    def __init__(self, code) -> None:
+        import grpc
+
+        class Error(grpc.RpcError, grpc.Call):
+            def code(self):
+                return code
+
+            def details(self):
+                return f"{code.name} (test)"
+
+            def initial_metadata(self):
+                return ()
+
+            def trailing_metadata(self):
+                return ()
+
+            def is_active(self):
+                return False
+
+            def time_remaining(self):
+                return None
+
+            def cancel(self):
+                return False
+
+            def add_callback(self, callback):
+                return False
+
+        self.error = Error()
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self):
+        return self.error
+
+
+@pytest.mark.parametrize("code_name", ["DEADLINE_EXCEEDED", "ALREADY_EXISTS", "INVALID_ARGUMENT"])
+def test_a_failed_admit_that_may_have_been_granted_is_released(code_name: str) -> None:
+    """A grant made as the deadline passed, or one whose reply was lost before a retry
+    (ALREADY_EXISTS), would hold pages nobody runs: the worker releases the request; a
+    plain refusal releases nothing."""
+    import grpc
+
+    adm = RemoteAdmission("127.0.0.1:1", WorkerPool("w", "x", 10, 0, 2, 8, 8), lambda live: [])
+    released: list[str] = []
+    put = adm._releases.put
+    adm._releases.put = lambda item, *a, **kw: (released.append(item), put(item, *a, **kw))
+    try:
+        ticket = RemoteTicket("r", 1, 0, time.monotonic() - 1)  # past its deadline: no retry
+        adm._pending["r"] = ticket
+        adm._admitted(ticket, FailedCall(getattr(grpc.StatusCode, code_name)))
+        assert ticket.state is TicketState.CANCELLED and ticket.error is not None
+        assert released == ([] if code_name == "INVALID_ARGUMENT" else ["r"])
+    finally:
+        adm.close()

@@ -1,6 +1,7 @@
-"""Worker reports on the controller (no gRPC): a request released already is skipped and
-the rest of the report applied; a request of another worker is refused only after the
-report's other finished requests were freed."""
+"""Worker reports on the controller (no gRPC): a request released already or an ack of a
+command unknown here are skipped and the rest of the report applied; an ack given twice,
+another worker's request or command are refused only after the report's other items were
+applied."""
 
 from __future__ import annotations
 
@@ -38,4 +39,47 @@ def test_another_workers_request_is_refused_after_the_rest_is_freed() -> None:
     with pytest.raises(FailedPrecondition, match="x1 is on worker w1, not w0"):
         c.report(c._sessions["w0"], acks=[], released=["x1", "r2"])
     assert set(c.core.requests) == {"r1", "r3", "x1"}  # r2 freed, x1 untouched
+    check_all(c.core)
+
+
+def test_unknown_and_repeated_acks_do_not_drop_the_rest_of_the_report() -> None:
+    """An ack of a command this controller never issued (an earlier incarnation's) is
+    skipped; one given twice is refused, but only after the report's other acks and
+    finished requests were applied."""
+    c = ResidencyController(ResidencyConfig(port=0, populate_inflight=1))
+    s = c.open_session(WorkerSpec("w0", 100, 10), ())
+    c.core.admit(AdmitSpec("r2", 10, worker_id="w0"))
+    c.core.admit(AdmitSpec("r4", 10, worker_id="w0"))
+    c.core.admit(AdmitSpec("r1", 10, history_pages=200, worker_id="w0"))
+    c.core.admit(AdmitSpec("r3", 10, worker_id="w0"))  # no room: r1's history is backed up
+    c._flush()
+    sent = []
+    while not s.queue.empty():
+        sent.append(s.queue.get_nowait())
+    assert sent, "a Backup command was expected"
+    first = sent[0].command_id
+    c.report(s, acks=[(first, True)])
+    c.report(s, acks=[(10_000, True)], released=["r2"])  # unknown id: skipped, no error
+    assert "r2" not in c.core.requests
+    with pytest.raises(FailedPrecondition, match="acknowledged already"):
+        c.report(s, acks=[(first, True)], released=["r4"])
+    assert "r4" not in c.core.requests  # freed although the report carried a bad ack
+    check_all(c.core)
+
+
+def test_an_ack_for_another_workers_command_is_refused_after_the_rest() -> None:
+    c = ResidencyController(ResidencyConfig(port=0, populate_inflight=1))
+    s0 = c.open_session(WorkerSpec("w0", 100, 10), ())
+    c.open_session(WorkerSpec("w1", 100, 10), ())
+    c.core.admit(AdmitSpec("r", 10, worker_id="w0"))
+    c.core.admit(AdmitSpec("x2", 10, worker_id="w1"))
+    c.core.admit(AdmitSpec("x1", 10, history_pages=200, worker_id="w1"))
+    c.core.admit(AdmitSpec("x3", 10, worker_id="w1"))  # no room on w1: a Backup goes to w1
+    c._flush()
+    foreign = [cmd.command_id for cmd in c.core.pending_commands("w1")]
+    assert foreign, "a command to w1 was expected"
+    with pytest.raises(FailedPrecondition, match="was sent to worker w1, not w0"):
+        c.report(s0, acks=[(foreign[0], True)], released=["r"])
+    assert "r" not in c.core.requests  # the finished request was freed all the same
+    assert [cmd.command_id for cmd in c.core.pending_commands("w1")] == foreign  # untouched
     check_all(c.core)
