@@ -92,19 +92,30 @@ class _Child:
     proc: _Spawned
     log_path: Path
     restarts: int = 0
+    started: float = field(default_factory=time.monotonic)
+    quick_deaths: int = 0        # deaths in a row, each within STABLE_S of its start
+    restart_at: float | None = None
+
+
+STABLE_S = 10.0  # a child that ran this long counts as healthy: its next restart is quick
 
 
 class Supervisor:
     """Start, watch and restart a set of processes; logs go to ``log_dir/<name>.log``."""
 
     def __init__(self, specs: Sequence[ProcessSpec], log_dir: Path,
-                 backoff_s: float = 0.5) -> None:
+                 backoff_s: float = 0.5, max_backoff_s: float = 30.0) -> None:
+        """A dead child is restarted after ``backoff_s``, doubled for every death in a row
+        that came within ``STABLE_S`` of its start, up to ``max_backoff_s``: a child that
+        cannot start (port taken, bad configuration) is retried ever more slowly, not in a
+        tight loop."""
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"process names must be unique, got {names}")
         self._specs = list(specs)
         self._log_dir = Path(log_dir)
         self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
         self._children: dict[str, _Child] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -117,25 +128,33 @@ class Supervisor:
         self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
         self._thread.start()
 
-    def _spawn(self, spec: ProcessSpec, restarts: int) -> _Child:
+    def _spawn(self, spec: ProcessSpec, restarts: int, quick_deaths: int = 0) -> _Child:
         log_path = self._log_dir / f"{spec.name}.log"
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
         proc = spawn(spec.argv, env, log_path)
         log.info("started", extra={"fields": {"name": spec.name, "pid": proc.pid,
                                               "port": spec.port, "restarts": restarts}})
-        return _Child(spec, proc, log_path, restarts)
+        return _Child(spec, proc, log_path, restarts, quick_deaths=quick_deaths)
 
     def _watch(self) -> None:
-        while not self._stopping.wait(0.1):
-            with self._lock:
+        while not self._stopping.wait(0.05):
+            with self._lock:  # never held across a wait: a restart is due at restart_at
+                now = time.monotonic()
                 for name, child in list(self._children.items()):
                     code = child.proc.poll()
                     if code is None or not child.spec.restart or self._stopping.is_set():
                         continue
-                    log.warning("process died; restarting",
-                                extra={"fields": {"name": name, "exit_code": code}})
-                    time.sleep(self._backoff_s)
-                    self._children[name] = self._spawn(child.spec, child.restarts + 1)
+                    if child.restart_at is None:
+                        quick = now - child.started < STABLE_S
+                        child.quick_deaths = child.quick_deaths + 1 if quick else 0
+                        delay = min(self._max_backoff_s,
+                                    self._backoff_s * 2 ** max(0, child.quick_deaths - 1))
+                        child.restart_at = now + delay
+                        log.warning("process died; restarting", extra={"fields": {
+                            "name": name, "exit_code": code, "in_s": round(delay, 2)}})
+                    if now >= child.restart_at:
+                        self._children[name] = self._spawn(child.spec, child.restarts + 1,
+                                                           child.quick_deaths)
 
     def pid(self, name: str) -> int:
         with self._lock:

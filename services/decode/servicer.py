@@ -5,6 +5,7 @@ Domain errors propagate to ``services.common.interceptors.ErrorInterceptor``.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -45,7 +46,13 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
     async def Generate(self, request: pb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
         spec = generate_spec(request)
-        stream = await self.worker.submit(spec)
+        try:
+            stream = await self.worker.submit(spec)
+        except asyncio.CancelledError:
+            # the client left while the engine thread took the request: it may be queued
+            # already (its result dropped); cancel it, after it (the inbox is FIFO)
+            self.worker.cancel(spec.request_id)
+            raise
         finished = False
         first = True
         try:

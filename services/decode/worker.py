@@ -220,6 +220,8 @@ class DecodeWorker:
                 wait = IDLE_WAIT_S if e.idle else (ADMIT_WAIT_S if not e.running else 0.0)
                 self._run_jobs(wait)
                 e.step()
+                e.finished.clear()  # a long-running worker keeps no finished request (its
+                e.failed.clear()    # stream got everything and metrics counted it)
                 self._check_waiting()
                 self._publish()
         except BaseException as exc:       # the engine's state is unknown now: fail loudly

@@ -65,3 +65,19 @@ def test_children_die_with_a_killed_supervisor(tmp_path) -> None:
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
     assert _wait(lambda: not _alive(child)), "child outlived its supervisor"
+
+
+def test_a_child_that_keeps_dying_is_restarted_ever_more_slowly(tmp_path) -> None:
+    """Deaths in a row double the wait (0.05, 0.1, 0.2, ... s): a child that cannot start
+    is not respawned in a tight loop, and the supervisor answers meanwhile."""
+    crash = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    with Supervisor([ProcessSpec("c", crash, port=0)], tmp_path, backoff_s=0.05) as sup:
+        t0, slowest = time.monotonic(), 0.0
+        while time.monotonic() - t0 < 2.5:
+            t = time.monotonic()
+            sup.alive("c")
+            slowest = max(slowest, time.monotonic() - t)
+            time.sleep(0.02)
+        restarts = sup.restarts("c")
+    assert 2 <= restarts <= 7, restarts  # a fixed 0.05 s wait gives ~15 or more
+    assert slowest < 0.2, slowest          # no wait is spent holding the lock

@@ -40,3 +40,83 @@ def test_host_open_failure_fails_that_request_alone() -> None:
     assert len(engine._free_slots) == slots
     assert "r1" not in engine.admission.core.requests  # its grant went back
     assert not provider.histories
+
+
+def test_any_uint64_sampling_seed_decodes() -> None:
+    """The request's seed mixes with the worker's (seed * 1_000_003 + request seed): a seed
+    near 2**64 wraps instead of overflowing torch's seeding on the engine thread (which
+    the worker loop would take as fatal)."""
+    import pytest
+
+    from services.common.errors import InvalidArgument
+
+    engine = Engine(pressured("hisparse", "glm", temperature=0.7, seed=1))
+    engine.submit(GenerateSpec("big", 4, prompt=prompts(1)[0], seed=(1 << 64) - 1))
+    engine.run_until_idle()
+    assert [len(r.output) for r in engine.finished] == [4]
+    with pytest.raises(InvalidArgument, match=r"seed=\d+: must be in \[0, 2\*\*64\)"):
+        GenerateSpec("bad", 4, prompt=[1], seed=1 << 64)
+
+
+def test_a_client_leaving_during_submit_cancels_its_request() -> None:
+    """Generate awaits the engine thread's submit; a client gone meanwhile must still cancel
+    the request (it may be queued already) instead of leaving it to run for nobody."""
+    import asyncio
+
+    from services.common.gen.dhisparse.v1 import decode_pb2 as pb
+    from services.decode.servicer import DecodeServicer
+
+    class SlowWorker:
+        worker_id = "w"
+
+        def __init__(self) -> None:
+            self.cancelled: list[str] = []
+            self.submitted = asyncio.Event()
+
+        async def submit(self, spec):
+            self.submitted.set()
+            await asyncio.sleep(60)  # the engine thread is slow to answer
+
+        def cancel(self, request_id: str) -> None:
+            self.cancelled.append(request_id)
+
+    async def body() -> list[str]:
+        worker = SlowWorker()
+        gen = DecodeServicer(worker).Generate(  # type: ignore[arg-type]
+            pb.GenerateRequest(request_id="r", prompt_tokens=[1, 2], max_new_tokens=3), None)
+        task = asyncio.ensure_future(gen.__anext__())
+        await worker.submitted.wait()
+        task.cancel()  # the client went away
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        return worker.cancelled
+
+    assert asyncio.run(body()) == ["r"]
+
+
+def test_a_running_worker_keeps_no_finished_request() -> None:
+    """A long-running worker holds no RequestRun after its stream ended (memory would grow
+    with every request served)."""
+    import asyncio
+
+    from services.decode.config import DecodeConfig
+    from services.decode.worker import DecodeWorker, Finished
+
+    async def body() -> DecodeWorker:
+        worker = DecodeWorker(DecodeConfig(worker_id="w", policy="hisparse"))
+        worker.start()
+        try:
+            for i in range(3):
+                stream = await worker.submit(GenerateSpec(f"r{i}", 3, prompt=[1, 2, 3]))
+                while not isinstance(await stream.queue.get(), Finished):
+                    pass
+            await worker.status()  # one more pass of the engine loop
+            assert worker.engine.stats.finished_requests == 3
+            assert not worker.engine.finished and not worker.engine.failed
+        finally:
+            worker.close()
+        return worker
+
+    asyncio.run(body())

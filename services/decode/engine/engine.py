@@ -259,8 +259,8 @@ class Engine:
         self._token_buf[run.slot, : run.prompt_len] = prefix.tokens.to(self.config.device)
         run.committed = run.prompt_len
         if self.config.temperature > 0:
-            run.generator = torch.Generator().manual_seed(
-                self.config.seed * 1_000_003 + run.spec.seed)
+            run.generator = torch.Generator().manual_seed(  # any uint64 seed: wrap, no overflow
+                (self.config.seed * 1_000_003 + run.spec.seed) % (1 << 64))
         self._emit(run, [self._first_token(run, prefix.next_logits)])
         self.running[run.request_id] = run
         self.stats.phase("activate", time.perf_counter() - t0)

@@ -44,6 +44,8 @@ class GenerateSpec:
             raise InvalidArgument(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
         if self.spec_block < 0:
             raise InvalidArgument(f"spec_block={self.spec_block}: must be >= 0")
+        if not 0 <= self.seed < 1 << 64:
+            raise InvalidArgument(f"seed={self.seed}: must be in [0, 2**64)")
 
 
 @dataclass(slots=True, eq=False)

@@ -27,7 +27,7 @@ class EngineStats:
     # the engine clock; device work still queued when a phase returns is not in it)
     host_phase_seconds: dict[str, float] = field(default_factory=dict)
     counts: SelectionCounts = field(default_factory=SelectionCounts)
-    finished: list[RequestRun] = field(default_factory=list)
+    finished_requests: int = 0
 
     def tokens(self, n: int) -> None:
         self.output_tokens += n
@@ -61,7 +61,7 @@ class EngineStats:
         self.backup_bytes_total += n
 
     def finish(self, run: RequestRun) -> None:
-        self.finished.append(run)
+        self.finished_requests += 1
 
     @property
     def tokens_per_round(self) -> float:
