@@ -185,6 +185,10 @@ def vec_width(row_bytes: int, *tensors: torch.Tensor) -> int:
     for w in (16, 8, 4):
         if row_bytes % w == 0 and all(t.data_ptr() % w == 0 for t in tensors):
             return w
+    if row_bytes % 4 == 0:
+        bad = next(t.data_ptr() for t in tensors if t.data_ptr() % 4)
+        raise InvalidArgument(f"a row buffer starts at address {bad:#x}, not 4-byte aligned "
+                              f"(row_bytes={row_bytes}); pass an aligned tensor")
     raise InvalidArgument(f"row_bytes={row_bytes} must be a multiple of 4 (4-byte aligned rows)")
 
 
@@ -212,6 +216,9 @@ def check(name: str, t: object, dtype: torch.dtype, dims: int, where: str) -> to
     return t
 
 
-def check_limit(name: str, value: int, limit: int) -> None:
+def check_limit(name: str, value: int, limit: int, minimum: int = 0) -> None:
+    """``minimum <= value <= limit`` (the kernels take these as 32-bit counts or sizes)."""
     if value > limit:
         raise InvalidArgument(f"{name}={value} exceeds the kernel limit {limit}")
+    if value < minimum:
+        raise InvalidArgument(f"{name}={value} is below the minimum {minimum}")

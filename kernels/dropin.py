@@ -22,6 +22,7 @@ from services.decode.hierarchy.group import SourceGroup
 from services.decode.hierarchy.promotion import live_blocks, promote_wave, released_waves
 from services.decode.hierarchy.promotion import release_staging as ref_release_staging
 
+from ._loader import vec_width
 from .resolver import (
     R_COPIES,
     R_DIRECT,
@@ -173,6 +174,7 @@ def resolve(
     if ptrs is None:
         copy_layers = ()
     copy_blocks = default_copy_blocks()  # a bad setting raises here, before any change
+    vec_width(group.spec.row_bytes)  # the commit's copies need 4-byte rows: refuse now
     ws = _workspace(group, batch, k_queries * k)
     table = request_table(group, states)
     locations = torch.empty_like(selections)
@@ -314,6 +316,7 @@ def release_staging_async(group: SourceGroup) -> torch.Tensor:
     promoted by the torch path instead (same result)."""
     if group.device.type != "cuda":
         return torch.tensor(ref_release_staging(group))
+    vec_width(group.spec.row_bytes)  # before released_waves() frees the staged rows
     total = torch.zeros((), dtype=torch.int64, device=group.device)
     payload_ptrs = None
     for wave in released_waves(group):

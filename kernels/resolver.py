@@ -126,6 +126,27 @@ class Workspace:
         return tuple(ptr(t) for t in (self.need_loc, self.misses, self.victims,
                                       self.hit_mask, self.summary, self.totals))
 
+    def check(self, batch: int, entries: int, slots: int) -> None:
+        """Refuse (InvalidArgument) a workspace the kernels would index past: they address
+        need_loc / misses as [batch, entries], victims / hit_mask as [batch, slots],
+        summary as [batch, S_COLS] and totals up to TOT_COLS + 2 * (batch + 1)."""
+        need = {
+            "ws.need_loc": (self.need_loc, batch * entries),
+            "ws.misses": (self.misses, batch * entries),
+            "ws.victims": (self.victims, batch * max(slots, 1)),
+            "ws.hit_mask": (self.hit_mask, batch * max(slots, 1)),
+            "ws.summary": (self.summary, batch * S_COLS),
+            "ws.totals": (self.totals, TOT_COLS + 2 * (batch + 1)),
+        }
+        for name, (t, n) in need.items():
+            if t.numel() < n or not t.is_contiguous():
+                raise InvalidArgument(
+                    f"{name} holds {t.numel()} values; batch={batch}, K*k={entries}, "
+                    f"hot_slots={slots} need {n} (make it with Workspace.new)")
+        if self.victims.shape[-1] < max(slots, 1) or self.hit_mask.shape[-1] < max(slots, 1):
+            raise InvalidArgument(f"ws rows hold {self.victims.shape[-1]} slots; "
+                                  f"hot_slots={slots} needs that many")
+
     def fits(self, batch: int, entries: int, slots: int) -> bool:
         return (
             self.need_loc.shape[0] >= batch
@@ -158,23 +179,13 @@ def lookup(
     table: int64 [batch, 9] per request (resolver_common.cuh T_* columns); rows_bound: every row
     needing steps 2-3 is below it (max tail_lo of the batch).
     """
-    check("table", table, torch.int64, 2, "cuda")
-    check("selections", selections, torch.int64, 3, "cuda")
-    check("visible", visible, torch.int64, 2, "cuda")
-    check("locations", locations, torch.int64, 3, "cuda")
-    batch, k_queries, k = selections.shape
-    if (
-        table.shape != (batch, T_COLS)
-        or visible.shape != (batch, k_queries)
-        or locations.shape != selections.shape
-    ):
-        raise InvalidArgument(
-            f"table {tuple(table.shape)}, visible {tuple(visible.shape)}, locations "
-            f"{tuple(locations.shape)} must be [batch, {T_COLS}], [batch, K], like selections"
-        )
-    check_limit("batch", batch, MAX_BATCH)
-    check_limit("K * k", k_queries * k, MAX_ENTRIES)
-    check_limit("hot_slots", hot_slots, MAX_SLOTS)
+    select = select or default_select()
+    if select not in VICTIM_SELECT:
+        raise InvalidArgument(f"select={select!r} must be one of {sorted(VICTIM_SELECT)}")
+    check_limit("tail_rows", tail_rows, INT32_MAX, 1)
+    check_limit("page_rows", page_rows, INT32_MAX, 1)
+    check_limit("rows_bound", rows_bound, INT32_MAX * 32)
+    batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots, visible)
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
     shared = -(-12 * words // 16) * 16 + 8 * pow2
     dev = selections.device.index
@@ -198,9 +209,44 @@ def lookup(
         np.int32(page_rows),
         np.int32(words),
         np.int64(finished_epoch),
-        np.int32(VICTIM_SELECT[select or default_select()]),
+        np.int32(VICTIM_SELECT[select]),
     )
     launch(fn, (batch,), (LOOKUP_THREADS,), args, shared)
+
+
+INT32_MAX = 2**31 - 1
+
+
+def _check_round(ws: Workspace, table: torch.Tensor, selections: torch.Tensor,
+                 locations: torch.Tensor, hot_slots: int,
+                 visible: torch.Tensor | None = None) -> tuple[int, int, int]:
+    """The round's tensors and workspace, as both launches index them: (batch, K, k).
+    Shapes and sizes first, the device last (a CPU call names a bad shape)."""
+    check("table", table, torch.int64, 2, "any")
+    check("selections", selections, torch.int64, 3, "any")
+    check("locations", locations, torch.int64, 3, "any")
+    batch, k_queries, k = selections.shape
+    if visible is not None:
+        check("visible", visible, torch.int64, 2, "any")
+    if (
+        table.shape != (batch, T_COLS)
+        or (visible is not None and visible.shape != (batch, k_queries))
+        or locations.shape != selections.shape
+    ):
+        shown = "-" if visible is None else tuple(visible.shape)
+        raise InvalidArgument(
+            f"table {tuple(table.shape)}, visible {shown}, locations "
+            f"{tuple(locations.shape)} must be [batch, {T_COLS}], [batch, K], like selections"
+        )
+    check_limit("batch", batch, MAX_BATCH)
+    check_limit("K * k", k_queries * k, MAX_ENTRIES)
+    check_limit("hot_slots", hot_slots, MAX_SLOTS)
+    ws.check(batch, k_queries * k, hot_slots)
+    for name, t in (("table", table), ("selections", selections), ("locations", locations),
+                    ("visible", visible)):
+        if t is not None:
+            check(name, t, torch.int64, t.dim(), "cuda")
+    return batch, k_queries, k
 
 
 @dataclass(slots=True)
@@ -241,11 +287,16 @@ def commit(
     dependent: this launch directly follows ``lookup`` on the stream (the sync-free path):
     it goes out with programmatic dependent launch, so its blocks are scheduled while the
     lookup runs and start the moment it ends (``_loader.launch_dependent``)."""
-    batch, k_queries, k = selections.shape
+    batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots)
     check("stage_locs", stage_locs, torch.int64, 1, "cuda")
     for name, t in (("out.batch", out.batch), ("out.rows", out.rows), ("out.dst", out.dst)):
         check(name, t, torch.int64, 1, "cuda")
         check_limit(f"copies fitting {name}", batch * k_queries * k, t.numel())
+    # staged rows are written beside their stage_locs; more than either bound aborts the
+    # commit (ST_STAGING) or cannot happen (every staged row is a miss)
+    check("out.staged_rows", out.staged_rows, torch.int64, 1, "cuda")
+    check_limit("staged rows fitting out.staged_rows",
+                min(stage_locs.numel(), batch * k_queries * k), out.staged_rows.numel())
     layers = 0 if host_ptrs is None else host_ptrs.shape[0]
     if layers:
         check("host_ptrs", host_ptrs, torch.int64, 2, "cuda")
@@ -298,7 +349,7 @@ def default_copy_blocks() -> int:
     value = os.environ.get("DHISPARSE_COPY_BLOCKS", "auto")
     if value == "auto":
         return 0
-    if not value.isdigit() or not 1 <= int(value) <= MAX_COPY_BLOCKS:
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_COPY_BLOCKS:
         raise InvalidArgument(
             f"DHISPARSE_COPY_BLOCKS={value!r} must be auto or an integer in [1, {MAX_COPY_BLOCKS}]")
     return int(value)
@@ -330,8 +381,14 @@ def plan_copy(
     dev = payload.device.index
     w = vec_width(row_bytes, payload)
     on_device = isinstance(count, torch.Tensor)
+    if on_device:
+        check("count", count, torch.int64, 1, "cuda")
+        if count.numel() < 1:
+            raise InvalidArgument("count is an empty tensor; expected one int64 value")
     n = copy_rows.numel() if on_device else int(count)
     check_limit("count", n, copy_rows.numel())
+    for name, t in (("copy_batch", copy_batch), ("copy_dst", copy_dst)):
+        check_limit(f"count (entries of {name})", n, t.numel())
     grid = max(1, min(-(-n * row_bytes // w // 256), sm_count(dev) * 8))
     args = (
         ptr(payload),

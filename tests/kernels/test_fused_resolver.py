@@ -58,6 +58,60 @@ def test_lookup_validates_shapes_before_launch() -> None:
         )
 
 
+def _lookup_args(batch: int, ws_batch: int, **kw) -> tuple[tuple, dict]:
+    from kernels import resolver as kres
+
+    ws = kres.Workspace.new(ws_batch, 4, 2, torch.device("cpu"))
+    sel = torch.zeros(batch, 2, 2, dtype=torch.int64)
+    table = torch.zeros(batch, 9, dtype=torch.int64)
+    args = (ws, table, sel, sel[:, :, 0].contiguous(), sel.clone())
+    opts = dict(hot_slots=2, tail_rows=4, page_rows=4, rows_bound=8, finished_epoch=0) | kw
+    return args, opts
+
+
+@pytest.mark.parametrize(("batch", "kw", "message"), [
+    (1, dict(select="bogus"), r"select='bogus' must be one of \['radix', 'sort'\]"),
+    (1, dict(page_rows=0), r"page_rows=0 is below the minimum 1"),
+    (1, dict(tail_rows=2**31), r"tail_rows=2147483648 exceeds the kernel limit"),
+    (1, dict(hot_slots=-1), r"hot_slots=-1 is below the minimum 0"),
+    (2, {}, r"ws.need_loc holds 4 values; batch=2, K\*k=4, hot_slots=2 need 8"),
+])
+def test_lookup_refuses_bad_arguments_before_touching_the_device(batch, kw, message) -> None:
+    from kernels import resolver as kres
+
+    args, opts = _lookup_args(batch, 1, **kw)
+    with pytest.raises(InvalidArgument, match=message):
+        kres.lookup(*args, **opts)
+
+
+def test_commit_checks_the_round_like_lookup() -> None:
+    from kernels import resolver as kres
+
+    (ws, table, sel, _, locs), _ = _lookup_args(1, 1)
+    out = kres.CopyList(*(torch.zeros(4, dtype=torch.int64) for _ in range(4)))
+    stage = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(InvalidArgument, match=r"locations \(1, 1, 2\) must be"):
+        kres.commit(ws, table, sel, locs[:, :1], stage, out, epoch=1, hot_slots=2)
+    with pytest.raises(InvalidArgument, match="table is on device=cpu"):
+        kres.commit(ws, table, sel, locs, stage, out, epoch=1, hot_slots=2)
+
+
+def test_copy_blocks_setting_must_be_ascii_digits(monkeypatch) -> None:
+    from kernels import resolver as kres
+
+    monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", "\u00b2")  # '²' passes str.isdigit()
+    with pytest.raises(InvalidArgument, match="DHISPARSE_COPY_BLOCKS="):
+        kres.default_copy_blocks()
+
+
+def test_a_misaligned_row_buffer_is_named_as_such() -> None:
+    from kernels._loader import vec_width
+
+    buf = torch.zeros(200, dtype=torch.uint8)
+    with pytest.raises(InvalidArgument, match="not 4-byte aligned"):
+        vec_width(16, buf[1:161])
+
+
 # -- GPU ------------------------------------------------------------------------------
 def make_pair(
     seed: int, batch: int, k_queries: int, hot: int, staging: int, row_bytes: int, layers: int = 2
