@@ -94,6 +94,9 @@ class RetryingProvider:
 
     def open(self, request_id: str, source_id: int, row_bytes: int,
              num_rows: int) -> RetryingHistory:
+        with self._lock:  # wanted again before its deferred close ran: keep it
+            if (request_id, source_id) in self._deferred:
+                self._deferred.remove((request_id, source_id))
         # one token for every attempt: a retry after a lost reply still learns that this
         # open created the history (a failed admission must free it)
         token = uuid.uuid4().hex
@@ -122,19 +125,22 @@ class RetryingProvider:
 
     def _close_deferred(self) -> None:
         while not self._stop.wait(0.5):
-            with self._lock:
-                todo, self._deferred = self._deferred, []
-            for i, key in enumerate(todo):
-                try:
-                    self.client.close(*key)
-                except NotFound:
-                    pass                      # its lease expired meanwhile: already freed
-                except Exception as exc:      # anything else: keep the rest for next time
-                    if not isinstance(exc, Unavailable):
-                        log.warning("deferred kvstore close of %s/%d failed: %s", *key, exc)
-                    with self._lock:
-                        self._deferred.extend(todo[i:])
-                    break
+            with self._lock:  # held across the closes: an open of a key waits for its
+                self._close_some()  # close to go through or to stay deferred
+
+    def _close_some(self) -> None:
+        """(Lock held.) Retry the deferred closes in order until one fails to reach the store."""
+        todo, self._deferred = self._deferred, []
+        for i, key in enumerate(todo):
+            try:
+                self.client.close(*key)
+            except NotFound:
+                pass                      # its lease expired meanwhile: already freed
+            except Exception as exc:      # anything else: keep the rest for next time
+                if not isinstance(exc, Unavailable):
+                    log.warning("deferred kvstore close of %s/%d failed: %s", *key, exc)
+                self._deferred.extend(todo[i:])
+                break
 
     def shutdown(self) -> None:
         self._stop.set()

@@ -26,7 +26,14 @@ import threading
 import grpc
 import torch
 
-from services.common.errors import DHiSparseError, FailedPrecondition, InvalidArgument, NotFound
+from services.common.errors import (
+    AlreadyExists,
+    DHiSparseError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
 from services.common.gen.dhisparse.v1 import kvstore_pb2 as pb
 from services.kvstore.rpc import KVStoreRPC, ranges_of
 
@@ -172,6 +179,11 @@ class KVStoreClient:
         key = (request_id, source_id)
         with self._lock:
             if (h := self._open.get(key)) is not None and not h.closed:
+                if (h.row_bytes, h.num_rows) != (row_bytes, num_rows):
+                    raise AlreadyExists(
+                        f"history {request_id}/{source_id} is open with row_bytes="
+                        f"{h.row_bytes}, num_rows={h.num_rows}; asked for row_bytes="
+                        f"{row_bytes}, num_rows={num_rows}")
                 h.created = False
                 return h
         resp = self.rpc.open(request_id, source_id, self.owner, row_bytes, num_rows,
@@ -207,8 +219,24 @@ class KVStoreClient:
             h.close()
 
     def renew(self) -> int:
-        """Renew every lease of ``owner`` now; returns how many histories it covered."""
-        return self.rpc.renew(self.owner, None, self.lease_seconds).renewed
+        """Renew the leases of the histories this client has mapped; returns how many it
+        covered. Not every history of ``owner``: one whose open failed here (created in the
+        store, the reply lost) must run out. One key the store no longer knows does not
+        stop the others (the store renews all or nothing: they go one by one then)."""
+        with self._lock:
+            keys = [k for k, h in self._open.items() if not h.closed]
+        if not keys:
+            return 0
+        try:
+            return self.rpc.renew(self.owner, keys, self.lease_seconds).renewed
+        except (NotFound, PermissionDenied):
+            renewed = 0
+            for key in keys:
+                try:
+                    renewed += self.rpc.renew(self.owner, [key], self.lease_seconds).renewed
+                except (NotFound, PermissionDenied) as exc:
+                    log.warning("lease of %s/%d not renewed: %s", *key, exc)
+            return renewed
 
     def shutdown(self) -> None:
         """Stop renewing, unmap everything (histories stay until their lease ends)."""

@@ -105,3 +105,56 @@ def test_closes_are_deferred_on_any_store_error_and_survive_them() -> None:
         assert ("b", 0) in client.calls[-2:] and provider._closer.is_alive()
     finally:
         provider.shutdown()
+
+
+def test_an_open_cancels_the_deferred_close_of_its_history() -> None:
+    """Released while the store was down (close deferred), then admitted again: the open
+    keeps the history instead of letting the late close free it under the new request."""
+
+    class DownThenUp(FlakyCloser):
+        def open(self, request_id, source_id, row_bytes, num_rows, open_id=""):
+            return SimpleNamespace(created=False)  # the client's mapped handle, still valid
+
+    client = DownThenUp()
+    provider = RetryingProvider(client)  # type: ignore[arg-type]
+    try:
+        client.mode = "down"
+        provider.close("r", 0)
+        assert provider.deferred == 1
+        provider.open("r", 0, 16, 8)
+        assert provider.deferred == 0
+        client.mode = "ok"
+        time.sleep(1.2)  # two rounds of the background closer
+        assert client.calls == [("r", 0)]  # only the first, failed attempt
+    finally:
+        provider.shutdown()
+
+
+def test_the_renewer_keeps_only_the_histories_this_client_mapped() -> None:
+    """Every history of the owner used to be renewed, so one created by an open whose reply
+    never came (not mapped here) lived as long as the worker. A key the store forgot does not
+    stop the renewal of the others (the store renews a list all or nothing)."""
+    from services.kvstore.client import KVStoreClient
+
+    class Rpc:
+        def __init__(self) -> None:
+            self.calls: list[list] = []
+
+        def renew(self, owner, keys, lease_seconds):
+            self.calls.append(list(keys))
+            if ("gone", 0) in keys:
+                raise NotFound("history gone/0 not found")
+            return SimpleNamespace(renewed=len(keys))
+
+        def close_channel(self) -> None:
+            pass
+
+    client = KVStoreClient("127.0.0.1:1", "w0", renew=False, register_cuda=False)
+    client.rpc = Rpc()  # type: ignore[assignment]
+    client._open = {("a", 0): SimpleNamespace(closed=False),  # type: ignore[dict-item]
+                    ("b", 1): SimpleNamespace(closed=True),
+                    ("gone", 0): SimpleNamespace(closed=False)}
+    assert client.renew() == 1  # "a" alone: "b" is unmapped, "gone" unknown to the store
+    assert client.rpc.calls == [[("a", 0), ("gone", 0)], [("a", 0)], [("gone", 0)]]
+    client._open = {}
+    assert client.renew() == 0 and len(client.rpc.calls) == 3  # nothing mapped: no call

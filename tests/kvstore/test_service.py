@@ -104,6 +104,16 @@ def test_open_token_travels_over_grpc(rpc: KVStoreRPC) -> None:
     rpc.close("tok", 0, OWNER)
 
 
+def test_a_second_open_with_another_shape_is_refused(server: StoreProcess) -> None:
+    from services.common.errors import AlreadyExists
+
+    with KVStoreClient(server.target, OWNER, register_cuda=False) as client:
+        client.open("shape", 0, 16, 8)
+        with pytest.raises(AlreadyExists, match="row_bytes=16, num_rows=8; asked for row_bytes=32"):
+            client.open("shape", 0, 32, 100)
+        client.close("shape", 0)
+
+
 def test_close_of_a_history_freed_meanwhile_still_unmaps(server: StoreProcess,
                                                         rpc: KVStoreRPC) -> None:
     with KVStoreClient(server.target, OWNER, register_cuda=False) as client:
