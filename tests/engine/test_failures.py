@@ -120,3 +120,27 @@ def test_a_running_worker_keeps_no_finished_request() -> None:
         return worker
 
     asyncio.run(body())
+
+
+def test_sampling_with_speculation_off_draws_what_a_plain_worker_draws() -> None:
+    """A request sent with speculation off (K_r = 1) to a speculative worker samples the same
+    tokens as on a plain worker with the same seeds: its generator gives exactly the
+    uniforms of its own K_r, not of the worker's K_max."""
+    outs = {}
+    for policy, block in (("resident", 0), ("resident-spec", 1)):
+        engine = Engine(pressured(policy, "glm", pages=400, temperature=0.8, seed=1))
+        for i, prompt in enumerate(prompts(3)):
+            engine.submit(GenerateSpec(f"r{i}", 10, prompt=prompt, spec_block=block, seed=i))
+        engine.run_until_idle()
+        outs[policy] = {r.request_id: r.output for r in engine.finished}
+    assert outs["resident"] == outs["resident-spec"]
+
+
+def test_a_request_with_nothing_left_to_emit_runs_no_round() -> None:
+    """max_new_tokens = 1: the token comes at activation; no decode round is run (or counted)
+    for it."""
+    engine = Engine(pressured("adaptive-spec", "glm", pages=400))
+    engine.submit(GenerateSpec("one", 1, prompt=prompts(1)[0]))
+    engine.run_until_idle()
+    assert [len(r.output) for r in engine.finished] == [1]
+    assert engine.stats.rounds == 0 and engine.stats.round_tokens == 0

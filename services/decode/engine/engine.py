@@ -142,10 +142,12 @@ class Engine:
         """One iteration: admit, one decode round, retire. Returns requests that emitted."""
         self._populated = False
         self._admit()
-        batch = list(self.running.values())
+        # a request with nothing left to emit (max_new_tokens = 1: its token came at
+        # activation; or capped by a cancel) finishes without a round
+        batch = [r for r in self.running.values() if r.remaining > 0]
         if batch:
             self._round(batch)
-        for run in batch:
+        for run in list(self.running.values()):
             if run.remaining <= 0:
                 self._finish(run)
         self._run_commands()

@@ -66,13 +66,20 @@ def greedy_accept(tokens: torch.Tensor, num_queries: torch.Tensor,
 
 
 def _uniforms(generator: torch.Generator | Sequence[torch.Generator], B: int, K: int,
-              device: torch.device) -> torch.Tensor:
-    """``[B, K, 2]`` uniforms: (accept test, resample) per query; per-request if a list."""
+              device: torch.device, num_queries: torch.Tensor) -> torch.Tensor:
+    """``[B, K, 2]`` uniforms: (accept test, resample) per query; per-request if a list.
+
+    A request's generator gives exactly ``num_queries[b]`` pairs (the rest is 0, never
+    read): its random stream then depends on its own K_r only, so a request decoded with
+    K_r = 1 draws what a non-speculative worker draws, whatever the batch's K."""
     if isinstance(generator, torch.Generator):
         return torch.rand(B, K, 2, generator=generator).to(device)
     if len(generator) != B:
         raise InvalidArgument(f"len(generators)={len(generator)} must be B={B}")
-    return torch.stack([torch.rand(K, 2, generator=g) for g in generator]).to(device)
+    out = torch.zeros(B, K, 2)
+    for b, (g, n) in enumerate(zip(generator, num_queries.tolist(), strict=True)):
+        out[b, :n] = torch.rand(n, 2, generator=g)
+    return out.to(device)
 
 
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -91,7 +98,7 @@ def speculative_accept(tokens: torch.Tensor, num_queries: torch.Tensor,
     if tuple(draft_probs.shape) != (B, K - 1, target_probs.shape[-1]):
         raise InvalidArgument(f"draft_probs.shape={tuple(draft_probs.shape)} must be "
                               f"({B}, {K - 1}, {target_probs.shape[-1]})")
-    u = _uniforms(generator, B, K, tokens.device)
+    u = _uniforms(generator, B, K, tokens.device, num_queries)
     x = tokens[:, 1:].clamp_min(0).unsqueeze(-1)  # [B, K-1, 1]
     p_x = target_probs[:, : K - 1].gather(2, x).squeeze(-1).double()
     q_x = draft_probs.gather(2, x).squeeze(-1).double()
