@@ -21,8 +21,9 @@ class Phase(enum.Enum):
 class GenerateSpec:
     """What a client asks for: a prompt (or a registered prefix), an output cap, speculation.
 
-    ``spec_block`` caps the round's K_r (anchor included) under a speculative policy:
-    1 turns speculation off for the request, 0 means the engine's K_max.
+    ``spec_block`` caps the round's K_r (anchor included): 1 turns speculation off for the
+    request, 0 means the engine's K_max. A value above K_max is refused (a non-speculative
+    engine has K_max = 1: asking it for a block of 4 is an error, not a silent downgrade).
     """
 
     request_id: str
