@@ -12,7 +12,13 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
-from services.common.errors import DeadlineExceeded, FailedPrecondition, NotFound, Unavailable
+from services.common.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from services.common.logging import get_logger
 from services.residency.config import ResidencyConfig
 from services.residency.core import (
@@ -145,6 +151,8 @@ class ResidencyController:
         self._flush()
 
     def release(self, request_id: str, worker_id: str = "") -> int:
+        if not request_id:
+            raise InvalidArgument("request_id is empty; expected the id the Admit was given")
         entry = self.core.request(request_id)
         if worker_id and entry.worker_id != worker_id:
             raise FailedPrecondition(f"request {request_id} is on worker {entry.worker_id}, "
@@ -176,6 +184,18 @@ class ResidencyController:
         keeps a finished request held. An ack of a command this controller never issued (an
         earlier incarnation's: the worker cannot tell) is logged and skipped."""
         wid = session.worker_id
+        if self._sessions.get(wid) is not session:
+            # a replaced session's stream, read before its task was cancelled: its acks are
+            # for commands re-sent to the newer session (acked there: applying them here would
+            # make those acks "twice" and close the healthy session); finished requests
+            # still go (a release is the same from either stream)
+            for rid in released:
+                try:
+                    self.release(rid, wid)
+                except (NotFound, FailedPrecondition):
+                    pass
+            self._flush()
+            return
         self.core.touch(wid)
         refused: FailedPrecondition | None = None
         try:

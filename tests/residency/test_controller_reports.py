@@ -83,3 +83,32 @@ def test_an_ack_for_another_workers_command_is_refused_after_the_rest() -> None:
     assert "r" not in c.core.requests  # the finished request was freed all the same
     assert [cmd.command_id for cmd in c.core.pending_commands("w1")] == foreign  # untouched
     check_all(c.core)
+
+
+def test_a_replaced_sessions_late_report_does_not_ack_or_close_the_new_one() -> None:
+    """The old stream's report, read after a newer session replaced it: its ack is not
+    applied (the command was re-sent to the new session, which acks it without error),
+    its finished request is still released."""
+    c = ResidencyController(ResidencyConfig(port=0, populate_inflight=1))
+    old = c.open_session(WorkerSpec("w0", 100, 10), ())
+    c.core.admit(AdmitSpec("r2", 10, worker_id="w0"))
+    c.core.admit(AdmitSpec("r1", 10, history_pages=200, worker_id="w0"))
+    c.core.admit(AdmitSpec("r3", 10, worker_id="w0"))  # a Backup goes to w0
+    c._flush()
+    backup = [cmd.command_id for cmd in c.core.pending_commands("w0")]
+    assert backup
+    new = c.open_session(WorkerSpec("w0", 100, 10), ())
+    c.report(old, acks=[(backup[0], True)], released=["r2"])  # late, from the old stream
+    assert "r2" not in c.core.requests
+    assert backup[0] in [cmd.command_id for cmd in c.core.pending_commands("w0")]
+    c.report(new, acks=[(backup[0], True)])  # the re-sent command, acked once: no error
+    assert c.alive("w0")
+    check_all(c.core)
+
+
+def test_release_of_an_empty_request_id_is_invalid() -> None:
+    from services.common.errors import InvalidArgument
+
+    c = controller()
+    with pytest.raises(InvalidArgument, match="request_id is empty"):
+        c.release("")
