@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from bench.common import Flusher, environment, time_gpu, write_json
+from bench.common import Flusher, environment, h2d_memcpy_gbps, time_gpu, write_json
 from bench.resolver.pool import alloc_host
 
 
@@ -33,13 +33,6 @@ def thp_setting() -> str:
         return open("/sys/kernel/mm/transparent_hugepage/enabled").read().strip()
     except OSError as exc:
         return f"unreadable: {exc}"
-
-
-def pool_memcpy_gbps(host: torch.Tensor, dev: torch.device, nbytes: int = 1 << 30) -> float:
-    """cudaMemcpyAsync of the pool's first GiB to the device: this allocation's ceiling."""
-    src, dst = host[:nbytes], torch.empty(nbytes, dtype=torch.uint8, device=dev)
-    ts = time_gpu(lambda _: dst.copy_(src, non_blocking=True), 10, 2, spin=0)
-    return round(nbytes / statistics.median(ts) / 1e3, 1)
 
 
 class Gather:
@@ -112,7 +105,7 @@ def command(
         host_flat[:: 1 << 20].fill_(1)  # touch (pinning already faulted the pages in)
         alloc_s = round(time.time() - t0, 1)
         huge_mb = (anon_huge_kb() - huge0) // 1024
-        memcpy = pool_memcpy_gbps(host_flat, dev)
+        memcpy = round(h2d_memcpy_gbps(dev, reps=10, src=host_flat), 1)
         print(
             f"{mode}: {nbytes / 1e9:.1f} GB in {alloc_s}s, AnonHugePages +{huge_mb} MB, "
             f"memcpy {memcpy:.1f} GB/s",

@@ -143,9 +143,6 @@ class Workspace:
                 raise InvalidArgument(
                     f"{name} holds {t.numel()} values; batch={batch}, K*k={entries}, "
                     f"hot_slots={slots} need {n} (make it with Workspace.new)")
-        if self.victims.shape[-1] < max(slots, 1) or self.hit_mask.shape[-1] < max(slots, 1):
-            raise InvalidArgument(f"ws rows hold {self.victims.shape[-1]} slots; "
-                                  f"hot_slots={slots} needs that many")
 
     def fits(self, batch: int, entries: int, slots: int) -> bool:
         return (

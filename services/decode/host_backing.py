@@ -60,7 +60,7 @@ class RetryingHistory:
 
     @property
     def created(self) -> bool:
-        return bool(getattr(self._inner, "created", False))
+        return self._inner.created
 
 
 class RetryingProvider:

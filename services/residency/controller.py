@@ -184,32 +184,25 @@ class ResidencyController:
         keeps a finished request held. An ack of a command this controller never issued (an
         earlier incarnation's: the worker cannot tell) is logged and skipped."""
         wid = session.worker_id
-        if self._sessions.get(wid) is not session:
-            # a replaced session's stream, read before its task was cancelled: its acks are
-            # for commands re-sent to the newer session (acked there: applying them here would
-            # make those acks "twice" and close the healthy session); finished requests
-            # still go (a release is the same from either stream)
-            for rid in released:
-                try:
-                    self.release(rid, wid)
-                except (NotFound, FailedPrecondition):
-                    pass
-            self._flush()
-            return
-        self.core.touch(wid)
+        current = self._sessions.get(wid) is session
         refused: FailedPrecondition | None = None
         try:
-            for command_id, ok in acks:
-                try:
-                    cmd = self.core.ack(command_id, wid, ok)
-                except NotFound:
-                    log.info("worker %s acked command %d unknown here", wid, command_id)
-                    continue
-                except FailedPrecondition as exc:  # twice, or another worker's: refused
-                    refused = refused or exc     # after the rest
-                    continue
-                if cmd is not None and ok:
-                    self._count(cmd)
+            # a replaced session's stream, read before its task was cancelled: its acks are
+            # for commands re-sent to the newer session (applying them here would make the
+            # new session's acks "twice" and close it); its finished requests still go
+            if current:
+                self.core.touch(wid)
+                for command_id, ok in acks:
+                    try:
+                        cmd = self.core.ack(command_id, wid, ok)
+                    except NotFound:
+                        log.info("worker %s acked command %d unknown here", wid, command_id)
+                        continue
+                    except FailedPrecondition as exc:  # twice, or another worker's: refused
+                        refused = refused or exc     # after the rest
+                        continue
+                    if cmd is not None and ok:
+                        self._count(cmd)
             for rid in released:
                 try:
                     self.release(rid, wid)
@@ -217,7 +210,7 @@ class ResidencyController:
                     log.info("worker %s reported %r finished: released already", wid, rid)
                 except FailedPrecondition as exc:  # not this worker's: refused after the rest,
                     refused = refused or exc        # so no other finished request stays held
-            if refused is not None:
+            if refused is not None and current:
                 raise refused
         finally:
             self._flush()

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from services.common.errors import DeadlineExceeded, NotFound, Unavailable
 from services.decode.host_backing import RetryingProvider
 from services.kvstore.store import KVStore
+from tests.cluster.harness import wait_for
 from tests.kvstore.harness import assert_no_segments
 from tests.kvstore.test_core import Clock, options
 
@@ -74,15 +75,6 @@ class FlakyCloser:
         pass
 
 
-def wait_for(cond, seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
 def test_closes_are_deferred_on_any_store_error_and_survive_them() -> None:
     """A release never fails for the store: NotFound means freed already, any other error
     defers the close; the background closer outlives errors other than Unavailable and
@@ -98,10 +90,10 @@ def test_closes_are_deferred_on_any_store_error_and_survive_them() -> None:
         client.mode = "slow"
         provider.close("b", 0)
         assert provider.deferred == 2
-        assert wait_for(lambda: client.calls.count(("a", 0)) >= 2)  # the closer tried again
+        wait_for(lambda: client.calls.count(("a", 0)) >= 2, 5, "the closer's second try of a")
         assert provider._closer.is_alive() and provider.deferred == 2
         client.mode = "ok"
-        assert wait_for(lambda: provider.deferred == 0)
+        wait_for(lambda: provider.deferred == 0, 5, "every deferred close through")
         assert ("b", 0) in client.calls[-2:] and provider._closer.is_alive()
     finally:
         provider.shutdown()

@@ -349,7 +349,7 @@ class Engine:
         self._free_slots.append(run.slot)
         run.phase, run.finished_at = Phase.FINISHED, self.clock()
         self.finished.append(run)
-        self.stats.finish(run)
+        self.stats.finish()
         self.stats.phase("finish", time.perf_counter() - t0)
         if run.on_finish is not None:
             run.on_finish(run)

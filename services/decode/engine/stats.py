@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.decode.engine.request import RequestRun
 from services.decode.hierarchy import SelectionCounts
 
 
@@ -60,7 +59,7 @@ class EngineStats:
     def backup_bytes(self, n: int) -> None:
         self.backup_bytes_total += n
 
-    def finish(self, run: RequestRun) -> None:
+    def finish(self) -> None:
         self.finished_requests += 1
 
     @property

@@ -19,8 +19,13 @@ POLICIES = ("resident", "hisparse", "adaptive")
 (The speculative policies of DESIGN.md §6 use the same hierarchy settings.)"""
 
 
+def is_int(value: object) -> bool:
+    """An int that is not a bool (``True`` would pass ``isinstance(value, int)``)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _positive(name: str, value: int, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise InvalidArgument(f"{name}={value!r} must be an integer >= {minimum}")
 
 

@@ -22,7 +22,7 @@ import torch
 from services.common.backing import HostBackingProvider
 from services.common.errors import InvalidArgument, NotFound
 
-from .config import HierarchyConfig, SourceSpec
+from .config import HierarchyConfig, SourceSpec, is_int
 from .counters import SelectionCounts
 from .pool import PagePool
 from .request import RequestState
@@ -110,8 +110,7 @@ class SourceGroup:
         return self.payloads[layer]
 
     def check_layer(self, layer: int) -> None:
-        if (not isinstance(layer, int) or isinstance(layer, bool)
-                or not 0 <= layer < self.spec.payload_layers):
+        if not is_int(layer) or not 0 <= layer < self.spec.payload_layers:
             raise InvalidArgument(
                 f"layer={layer!r} outside payload layers [0, {self.spec.payload_layers}) "
                 f"of source group {self.name!r}"

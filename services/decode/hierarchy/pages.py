@@ -29,12 +29,13 @@ from services.common.errors import (
     ResourceExhausted,
 )
 
+from .config import is_int
 from .group import SourceGroup
 from .request import RequestState, new_request_state
 
 
 def _count(name: str, value: object, minimum: int = 0) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise InvalidArgument(f"{name}={value!r} must be an integer >= {minimum}")
     return value
 
@@ -253,8 +254,7 @@ def open_rows_batch(group: SourceGroup, request_ids: Sequence[str],
 def commit_rows(group: SourceGroup, request_id: str, committed: int) -> int:
     """Commit rows ``< committed`` and drop opened rows beyond it. Returns rows committed."""
     state, p = group.request(request_id), group.config.page_rows
-    if (not isinstance(committed, int) or isinstance(committed, bool)
-            or not state.committed <= committed <= state.tail_hi):
+    if not is_int(committed) or not state.committed <= committed <= state.tail_hi:
         raise InvalidArgument(
             f"committed={committed!r} outside [{state.committed}, {state.tail_hi}] "
             f"(committed rows .. opened rows of request_id={request_id!r})"
@@ -338,7 +338,7 @@ def retire(group: SourceGroup, request_id: str, pages: Sequence[int] | None = No
     targets = optional if pages is None else list(pages)
     known, seen = set(optional), set()
     for i, g in enumerate(targets):
-        if not isinstance(g, int) or isinstance(g, bool) or g not in known:
+        if not is_int(g) or g not in known:
             raise InvalidArgument(
                 f"pages[{i}]={g!r} is not an optional page of request_id={request_id!r} "
                 f"(optional pages: {optional})"
@@ -420,17 +420,19 @@ def undo_admit(group: SourceGroup, request_id: str) -> None:
     request's pending plan stand in the way, unlike ``release``. Only the histories the
     admission created are freed; re-attached ones (prefill's) stay for a retry."""
     state = group.request(request_id)
-    backings, state.backings = state.backings, []
-    _free_request(group, state, undo=True)
-    _undo_open(group, request_id, backings, [])
+    group.staging.drop_request(request_id)
+    del group.requests[request_id]
+    _undo_open(group, request_id, state.backings, _pages_of(state))
 
 
-def _free_request(group: SourceGroup, state: RequestState, undo: bool = False) -> None:
-    """``undo``: the admission is taken back, its pages return to the front of the free list
-    in allocation order (required, then the history pages by position)."""
+def _pages_of(state: RequestState) -> list[int]:
+    """The request's pages in allocation order: required, then history pages by position."""
+    return state.required_pages + state.page_map[state.page_map >= 0].tolist()
+
+
+def _free_request(group: SourceGroup, state: RequestState) -> None:
     request_id = state.request_id
-    pages = state.required_pages + state.page_map[state.page_map >= 0].tolist()
-    (group.pages.give_back if undo else group.pages.free)(pages)
+    group.pages.free(_pages_of(state))
     group.staging.drop_request(request_id)
     del group.requests[request_id]  # gone with its pages, whatever the closes below do
     if group.provider is not None and state.backings:
