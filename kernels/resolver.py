@@ -76,11 +76,17 @@ LOOKUP_BLOCKS = ("auto", "1", "2")
 
 def defines() -> tuple[str, ...]:
     """Compile-time variant of the resolver kernels: ``DHISPARSE_RESOLVER_TRACE=1`` builds the phase
-    trace in (``bench/resolver/trace.py`` reads it); same results, a few stores more."""
-    value = os.environ.get("DHISPARSE_RESOLVER_TRACE", "0")
-    if value not in ("0", "1"):
-        raise InvalidArgument(f"DHISPARSE_RESOLVER_TRACE={value!r} must be 0 or 1")
-    return ("-DRESOLVER_TRACE",) if value == "1" else ()
+    trace in (``bench/resolver/trace.py`` reads it); same results, a few stores more.
+    ``DHISPARSE_RESOLVER_LINEINFO=1`` adds source line info for a profiler (same code)."""
+    out: list[str] = []
+    for var, flag in (("DHISPARSE_RESOLVER_TRACE", "-DRESOLVER_TRACE"),
+                      ("DHISPARSE_RESOLVER_LINEINFO", "-lineinfo")):
+        value = os.environ.get(var, "0")
+        if value not in ("0", "1"):
+            raise InvalidArgument(f"{var}={value!r} must be 0 or 1")
+        if value == "1":
+            out.append(flag)
+    return tuple(out)
 
 
 def lookup_blocks(batch: int, device: int) -> int:
