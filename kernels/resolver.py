@@ -190,13 +190,13 @@ def lookup(
     check_limit("rows_bound", rows_bound, INT32_MAX * 32)
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots, visible)
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
-    shared = -(-12 * words // 16) * 16 + 8 * pow2
+    shared = 12 * (-(-words // 4) * 4) + 8 * pow2  # bitmaps in 16-byte groups, then keys
     dev = selections.device.index
     blocks = lookup_blocks(batch, dev)
     fn = kernel("resolver", "resolve_lookup_2" if blocks == 2 else "resolve_lookup", dev, True,
                 defines())
     cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
-    check_limit("shared bytes (12 * ceil(rows_bound / 32) + 8 * pow2(B))", shared, cap)
+    check_limit("shared bytes (48 * ceil(rows_bound / 128) + 8 * pow2(B))", shared, cap)
     args = (
         ptr(table),
         ptr(selections),

@@ -56,6 +56,7 @@ __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict
 }
 
 #define COPY_BLOCKS_MIN 16
+#define HM_SLOTS 8  // hit-mask slots per commit thread loaded with the summary
 #define COPY_ITEMS_PER_BLOCK 512  // W-byte items of the mean request per copy block at work
 
 // grid: [0, batch) commit blocks, [batch, gridDim.x) copy blocks (n_layers may be 0).
@@ -85,9 +86,18 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     const bool commit_block = (int)blockIdx.x < batch;
     const i64* sm = summary + (i64)(commit_block ? blockIdx.x : 0) * SCOLS;
     i64 su = 0, m = 0, nv = 0, nhit = 0, off = 0, soff = 0;
+    // ... and the hit-mask words of its first HM_SLOTS * blockDim.x slots (for B up to
+    // that, the stamping below waits for no further load)
+    unsigned hw[HM_SLOTS];
+    const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)blockIdx.x * B);
     if (commit_block) {
         su = sm[S_U], m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT];
         off = copy_off[blockIdx.x], soff = stage_off[blockIdx.x];
+    }
+#pragma unroll
+    for (int q = 0; q < HM_SLOTS; ++q) {
+        const int s = threadIdx.x + q * blockDim.x;
+        hw[q] = commit_block && s < B ? hm[s >> 5] : 0u;
     }
     if (threadIdx.x == 0) {
         const i64 staged = totals[R_STAGED];
@@ -177,8 +187,18 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     }
     // hit slots from the lookup's mask, slot by slot: a warp's stores cover 32 consecutive
     // slots (coalesced; a list of scattered slots cost a sector per store)
-    const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)b * B);
-    for (int s0 = nhit > 0 ? threadIdx.x : B; s0 < B; s0 += blockDim.x * U) {
+    if (nhit > 0) {
+#pragma unroll
+        for (int q = 0; q < HM_SLOTS; ++q) {
+            const int s = threadIdx.x + q * blockDim.x;
+            if ((hw[q] >> (s & 31)) & 1u) {  // 0 past B
+                stamp[s] = epoch;
+                protect[s] = epoch;
+            }
+        }
+    }
+    const int hm_done = HM_SLOTS * blockDim.x;
+    for (int s0 = nhit > 0 ? hm_done + threadIdx.x : B; s0 < B; s0 += blockDim.x * U) {
         unsigned w[U];
 #pragma unroll
         for (int q = 0; q < U; ++q) w[q] = s0 + q * (int)blockDim.x < B ? hm[(s0 + q * blockDim.x) >> 5] : 0u;

@@ -110,19 +110,33 @@ __device__ __forceinline__ unsigned block_scan(unsigned v, unsigned* tmp, unsign
     return excl;
 }
 
-// Exclusive prefix (uint16) of popcounts of `bm[0..W)`: thread t owns a contiguous chunk.
-__device__ unsigned bitmap_prefix(const unsigned* bm, u16* pre, int W, unsigned* tmp) {
-    const int chunk = (W + NT - 1) / NT, lo = threadIdx.x * chunk, hi = min(W, lo + chunk);
+// Exclusive prefix (uint16) of popcounts of `bm[0..Wp)`, Wp a multiple of 4 (16-byte aligned
+// bitmap): thread t owns a contiguous chunk of 16-byte groups (one group while Wp <= 4 * NT).
+__device__ unsigned bitmap_prefix(const unsigned* bm, u16* pre, int Wp, unsigned* tmp) {
+    const uint4* bm4 = reinterpret_cast<const uint4*>(bm);
+    const int g = Wp >> 2, chunk = (g + NT - 1) / NT, lo = threadIdx.x * chunk, hi = min(g, lo + chunk);
     unsigned s = 0;
-    for (int w = lo; w < hi; ++w) s += __popc(bm[w]);
+    for (int i = lo; i < hi; ++i) {
+        const uint4 x = bm4[i];
+        s += __popc(x.x) + __popc(x.y) + __popc(x.z) + __popc(x.w);
+    }
     unsigned total;
     unsigned run = block_scan(s, tmp, &total);
-    for (int w = lo; w < hi; ++w) {
-        pre[w] = (u16)run;
-        run += __popc(bm[w]);
+    for (int i = lo; i < hi; ++i) {
+        const uint4 x = bm4[i];
+        const unsigned a = run, b = a + __popc(x.x), c = b + __popc(x.y), d = c + __popc(x.z);
+        run = d + __popc(x.w);
+        reinterpret_cast<uint2*>(pre)[i] = make_uint2((a & 0xFFFFu) | (b << 16), (c & 0xFFFFu) | (d << 16));
     }
     __syncthreads();
     return total;
+}
+
+// Zero (src == nullptr) or copy Wp words (a multiple of 4, 16-byte aligned) of shared memory.
+__device__ __forceinline__ void bitmap_fill(unsigned* dst, const unsigned* src, int Wp) {
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    for (int i = threadIdx.x; i < (Wp >> 2); i += NT) d4[i] = src ? s4[i] : make_uint4(0u, 0u, 0u, 0u);
 }
 
 __device__ __forceinline__ unsigned rank_of(const unsigned* bm, const u16* pre, i64 row) {
@@ -136,11 +150,14 @@ __device__ __forceinline__ bool test_bit(const unsigned* bm, i64 row) {
 
 // 32-bit: a 64-bit shared atomic is a compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN.64),
 // slow under the contention of 32 warps; every count here stays below 2^32 (MAXB * 65535).
+// The warp's sum is one redux.sync; one shared atomic per warp.
 __device__ __forceinline__ void block_add(unsigned* dst, unsigned v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    v = __reduce_add_sync(0xffffffffu, v);
     if ((threadIdx.x & 31) == 0 && v) atomicAdd(dst, v);
 }
+
+// Compile-time count for the unrolled entry loops (chosen at run time from K * k).
+template <int N> struct Groups { static constexpr int value = N; };
 
 #define U 4  // loads in flight per thread (commit and copy loops; lookup passes take UL)
 

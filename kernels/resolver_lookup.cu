@@ -95,8 +95,11 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
     }
 }
 
-// shared layout of resolve_lookup (dynamic): need bitmap [W] u32, miss bitmap [W] u32,
-// need prefix [W] u16, miss prefix [W] u16, then LRU keys [Bp] u64 (8-byte aligned).
+// shared layout of resolve_lookup (dynamic), Wp = W rounded up to a multiple of 4: need
+// bitmap [Wp] u32, miss bitmap [Wp] u32, need prefix [Wp] u16, miss prefix [Wp] u16, then
+// LRU keys [Bp] u64 (16-byte aligned throughout: the bitmaps move in 16-byte groups).
+// UL: slot groups per thread in the hot scan; entry loops run G groups (G * NT >= K * k
+// where possible: a group past the last entry would still cost its instructions).
 template <int UL>
 __device__ __forceinline__ void lookup_body(
     const i64* __restrict__ table, const i64* __restrict__ sel, const i64* __restrict__ visible,
@@ -110,14 +113,13 @@ __device__ __forceinline__ void lookup_body(
     __shared__ int last;
     __shared__ unsigned hist[256], scal[4];
     __shared__ unsigned long long vkeys[SELECT_MAX];
-    const int b = blockIdx.x, Kk = K * k;
+    const int b = blockIdx.x, Kk = K * k, Wp = (W + 3) & ~3;
     const i64* row = table + (i64)b * TCOLS;
     unsigned* need_bm = reinterpret_cast<unsigned*>(smem);
-    unsigned* miss_bm = need_bm + W;
-    u16* need_pre = reinterpret_cast<u16*>(miss_bm + W);
-    u16* miss_pre = need_pre + W;
-    unsigned long long* keys =
-        reinterpret_cast<unsigned long long*>(smem + ((size_t)(12 * W + 15) / 16) * 16);
+    unsigned* miss_bm = need_bm + Wp;
+    u16* need_pre = reinterpret_cast<u16*>(miss_bm + Wp);
+    u16* miss_pre = need_pre + Wp;
+    unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem + (size_t)12 * Wp);
     const i64 tail_lo = row[T_TAIL_LO], tail_hi = row[T_TAIL_HI];
     const i64* tail_locs = ptr<const i64>(row, T_TAIL_LOCS);
     const i64* page_map = ptr<const i64>(row, T_PAGE_MAP);
@@ -132,63 +134,81 @@ __device__ __forceinline__ void lookup_body(
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
 
-    for (int w = threadIdx.x; w < W; w += NT) need_bm[w] = 0u;
+    bitmap_fill(need_bm, nullptr, Wp);
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
     __syncthreads();
 
-    // pass 1: direct path; the rest becomes the union bitmap. Entries go in groups of UL
+    // pass 1: direct path; the rest becomes the union bitmap. Entries go in groups of G
     // per thread with every load of a group issued before the first use (after the L2
-    // flush each dependent load is an HBM round trip; batching keeps UL of them in flight).
+    // flush each dependent load is an HBM round trip; batching keeps G of them in flight).
+    // Row arithmetic is 32-bit when every row of the request fits (64-bit division is a
+    // long instruction sequence on the GPU).
+    const bool small = tail_hi <= 0x7FFFFFFFll;
+    const i64 vis1 = K == 1 ? visible[b] : 0;
     unsigned n_tail = 0, n_opt = 0, status = 0;
-    for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * UL) {
-        i64 r[UL], vis[UL], loc[UL];
-        bool tail[UL], page[UL];
+    auto pass1 = [&](auto groups) {
+        constexpr int G = decltype(groups)::value;
+        for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
+            i64 r[G], vis[G], loc[G], pg[G];
+            bool tail[G], page[G];
 #pragma unroll
-        for (int q = 0; q < UL; ++q) {
-            const int e = e0 + q * NT;
-            r[q] = e < Kk ? s_b[e] : -1;
-            vis[q] = e < Kk ? visible[(i64)b * K + e / k] : 0;
-        }
-#pragma unroll
-        for (int q = 0; q < UL; ++q) {
-            unsigned bad = 0;
-            if (e0 + q * NT < Kk) {
-                if (vis[q] < 0 || vis[q] > tail_hi) bad |= ST_VISIBLE;
-                if (r[q] < -1) bad |= ST_SEL_LT_M1;
-                if (r[q] >= vis[q]) bad |= ST_SEL_GE_VISIBLE;
+            for (int q = 0; q < G; ++q) {
+                const int e = e0 + q * NT;
+                r[q] = e < Kk ? s_b[e] : -1;
+                vis[q] = K == 1 ? vis1 : e < Kk ? visible[(i64)b * K + e / k] : 0;
             }
-            status |= bad;
-            if (bad || r[q] < 0) r[q] = -1;  // a flagged entry reads no table (may be out of range)
-            tail[q] = r[q] >= tail_lo && r[q] < tail_hi;
-            page[q] = r[q] >= 0 && !tail[q] && page_ready[r[q] / p];
-            loc[q] = tail[q] ? tail_locs[r[q] % T] : -1;
-        }
 #pragma unroll
-        for (int q = 0; q < UL; ++q) {
-            const int e = e0 + q * NT;
-            if (page[q]) {
-                loc[q] = page_map[r[q] / p] * p + r[q] % p;
-                ++n_opt;
-            } else if (tail[q]) {
-                ++n_tail;
-            } else if (r[q] >= 0) {
-                if (r[q] < nbits) {
-                    loc[q] = SENTINEL;
-                    atomicOr(&need_bm[r[q] >> 5], 1u << (r[q] & 31));
-                } else {
-                    status |= ST_ROW_RANGE;
+            for (int q = 0; q < G; ++q) {
+                unsigned bad = 0;
+                if (e0 + q * NT < Kk) {
+                    if (vis[q] < 0 || vis[q] > tail_hi) bad |= ST_VISIBLE;
+                    if (r[q] < -1) bad |= ST_SEL_LT_M1;
+                    if (r[q] >= vis[q]) bad |= ST_SEL_GE_VISIBLE;
                 }
+                status |= bad;
+                if (bad || r[q] < 0) r[q] = -1;  // a flagged entry reads no table (may be out of range)
+                tail[q] = r[q] >= tail_lo && r[q] < tail_hi;
+                i64 tl = 0;
+                if (small) {
+                    pg[q] = r[q] >= 0 ? (unsigned)r[q] / (unsigned)p : 0;
+                    tl = tail[q] ? (unsigned)r[q] % (unsigned)T : 0;
+                } else {
+                    pg[q] = r[q] >= 0 ? r[q] / p : 0;
+                    tl = tail[q] ? r[q] % T : 0;
+                }
+                page[q] = r[q] >= 0 && !tail[q] && page_ready[pg[q]];
+                loc[q] = tail[q] ? tail_locs[tl] : -1;
             }
-            if (e < Kk) l_b[e] = loc[q];
+#pragma unroll
+            for (int q = 0; q < G; ++q) {
+                const int e = e0 + q * NT;
+                if (page[q]) {
+                    loc[q] = page_map[pg[q]] * p + (r[q] - pg[q] * p);
+                    ++n_opt;
+                } else if (tail[q]) {
+                    ++n_tail;
+                } else if (r[q] >= 0) {
+                    if (r[q] < nbits) {
+                        loc[q] = SENTINEL;
+                        atomicOr(&need_bm[r[q] >> 5], 1u << (r[q] & 31));
+                    } else {
+                        status |= ST_ROW_RANGE;
+                    }
+                }
+                if (e < Kk) l_b[e] = loc[q];
+            }
         }
-    }
+    };
+    if (Kk <= NT) pass1(Groups<1>{});
+    else if (Kk <= 2 * NT || UL < 4) pass1(Groups<2>{});
+    else pass1(Groups<4>{});
     block_add(&cnt[0], n_tail);
     block_add(&cnt[1], n_opt);
     if (status) atomicOr(&cnt[6], status);
     __syncthreads();
     TRACE(1);  // pass 1 done
-    for (int w = threadIdx.x; w < W; w += NT) miss_bm[w] = need_bm[w];
-    const unsigned u = bitmap_prefix(need_bm, need_pre, W, tmp);  // syncs
+    bitmap_fill(miss_bm, need_bm, Wp);
+    const unsigned u = bitmap_prefix(need_bm, need_pre, Wp, tmp);  // syncs
     TRACE(2);  // union prefix
 
     unsigned m = 0, nv = 0;
@@ -196,9 +216,9 @@ __device__ __forceinline__ void lookup_body(
         if (threadIdx.x == 0) atomicOr(&cnt[6], (unsigned)ST_NOT_RESIDENT);
     } else if (u > 0) {
         // step 2: scan the B hot slots against the union (bounded by B, not by history).
-        // Only hot_rows and hot_locs are read here; a non-hit slot is marked
-        // PENDING and its protect/stamp are read after the misses are counted, only when
-        // there are any (a no-miss call reads a third of the slot state).
+        // Only hot_rows and hot_locs are read here; a slot's protect/stamp are read after
+        // the misses are counted, only when there are any (a no-miss call reads a third of
+        // the slot state).
         const i64* hot_rows = ptr<const i64>(row, T_HOT_ROWS);
         const i64* hot_locs = ptr<const i64>(row, T_HOT_LOCS);
         unsigned n_hit = 0, n_cleared = 0;
@@ -229,43 +249,49 @@ __device__ __forceinline__ void lookup_body(
                     n_cleared += (atomicAnd(&miss_bm[hr[q] >> 5], ~bit) & bit) != 0u;
                     ++n_hit;
                 }
-                keys[s] = !hit[q] && s < B ? PENDING : ~0ull;
             }
         }
         block_add(&cnt[4], n_hit);
         block_add(&cnt[7], n_cleared);
         __syncthreads();
         TRACE(3);  // hot scan
-        if (u > cnt[7]) m = bitmap_prefix(miss_bm, miss_pre, W, tmp);  // syncs; m = u - cleared
+        if (u > cnt[7]) m = bitmap_prefix(miss_bm, miss_pre, Wp, tmp);  // syncs; m = u - cleared
         TRACE(4);  // miss prefix (skipped without misses)
-        // pass 2: entries of the union get a hot location or an encoded miss rank
+        // pass 2: entries of the union get a hot location or an encoded miss rank (without
+        // misses every union entry is a hit: no miss-bit test)
         unsigned n_hot = 0, n_host = 0;
-        for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * UL) {
-            i64 l[UL], r[UL], hl[UL];
-            bool miss[UL];
+        auto pass2 = [&](auto groups) {
+            constexpr int G = decltype(groups)::value;
+            for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
+                i64 l[G], r[G], hl[G];
+                bool miss[G];
 #pragma unroll
-            for (int q = 0; q < UL; ++q) {
-                const int e = e0 + q * NT;
-                l[q] = e < Kk ? l_b[e] : -1;
-                r[q] = e < Kk ? s_b[e] : -1;
-            }
+                for (int q = 0; q < G; ++q) {
+                    const int e = e0 + q * NT;
+                    l[q] = e < Kk ? l_b[e] : -1;
+                    r[q] = e < Kk ? s_b[e] : -1;
+                }
 #pragma unroll
-            for (int q = 0; q < UL; ++q) {
-                miss[q] = l[q] == SENTINEL && test_bit(miss_bm, r[q]);
-                hl[q] = l[q] == SENTINEL && !miss[q] ? need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, r[q])] : 0;
-            }
+                for (int q = 0; q < G; ++q) {
+                    miss[q] = m > 0 && l[q] == SENTINEL && test_bit(miss_bm, r[q]);
+                    hl[q] = l[q] == SENTINEL && !miss[q] ? need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, r[q])] : 0;
+                }
 #pragma unroll
-            for (int q = 0; q < UL; ++q) {
-                if (l[q] != SENTINEL) continue;
-                if (miss[q]) {
-                    l_b[e0 + q * NT] = -2 - (i64)rank_of(miss_bm, miss_pre, r[q]);
-                    ++n_host;
-                } else {
-                    l_b[e0 + q * NT] = hl[q];
-                    ++n_hot;
+                for (int q = 0; q < G; ++q) {
+                    if (l[q] != SENTINEL) continue;
+                    if (miss[q]) {
+                        l_b[e0 + q * NT] = -2 - (i64)rank_of(miss_bm, miss_pre, r[q]);
+                        ++n_host;
+                    } else {
+                        l_b[e0 + q * NT] = hl[q];
+                        ++n_hot;
+                    }
                 }
             }
-        }
+        };
+        if (Kk <= NT) pass2(Groups<1>{});
+        else if (Kk <= 2 * NT || UL < 4) pass2(Groups<2>{});
+        else pass2(Groups<4>{});
         block_add(&cnt[2], n_hot);
         block_add(&cnt[3], n_host);
         TRACE(5);  // pass 2 (thread 0's share)
@@ -280,26 +306,27 @@ __device__ __forceinline__ void lookup_body(
                     misses[(i64)b * Kk + i++] = (i64)w * 32 + bit;
                 }
             }
-            // step 3: candidates = unprotected non-hit slots, keyed (stamp, slot); then the
-            // nv first in LRU order, (stamp, slot) ascending
+            // step 3: candidates = unprotected non-hit slots (the hot scan's mask, written
+            // by this block), keyed (stamp, slot); then the nv first in LRU order, (stamp,
+            // slot) ascending. Every key of [0, Bp) is written (~0 = not a candidate).
             const i64* stamp = ptr<const i64>(row, T_HOT_STAMP);
             const i64* protect = ptr<const i64>(row, T_HOT_PROTECT);
+            const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)b * B);
             unsigned n_cand = 0;
-            for (int s0 = threadIdx.x; s0 < B; s0 += NT * UL) {
+            for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * UL) {
                 i64 pr[UL], st[UL];
                 bool pend[UL];
 #pragma unroll
                 for (int q = 0; q < UL; ++q) {
                     const int s = s0 + q * NT;
-                    pend[q] = s < B && keys[s] == PENDING;
+                    pend[q] = s < B && !((__ldcg(hm + (s >> 5)) >> (s & 31)) & 1u);
                     pr[q] = pend[q] ? protect[s] : 0;
                     st[q] = pend[q] ? stamp[s] : 0;
                 }
 #pragma unroll
                 for (int q = 0; q < UL; ++q) {
                     const int s = s0 + q * NT;
-                    if (!pend[q]) continue;
-                    const bool cand = pr[q] <= finished_epoch;
+                    const bool cand = pend[q] && pr[q] <= finished_epoch;
                     keys[s] = cand ? ((unsigned long long)st[q] << 20) | (unsigned)s : ~0ull;
                     n_cand += cand;
                 }
