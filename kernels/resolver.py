@@ -114,6 +114,8 @@ class Workspace:
     hit_mask: torch.Tensor  # int32 [batch, B]: hot-scan hits, bit s % 32 of word s // 32
     summary: torch.Tensor  # int64 [batch, S_COLS]
     totals: torch.Tensor  # int64 [TOT_COLS + 2 * (batch + 1)]
+    # set by lookup: the commit sums the summaries into totals (lookup(host_totals=False))
+    commit_sums: bool = False
 
     @staticmethod
     def new(batch: int, entries: int, slots: int, device: torch.device) -> Workspace:
@@ -172,9 +174,15 @@ def lookup(
     rows_bound: int,
     finished_epoch: int,
     select: str | None = None,
+    host_totals: bool = True,
 ) -> None:
     """Launch 1: direct path, union, hot hits, LRU victims; writes ``locations`` (final for
     direct/hot entries, ``-2 - miss rank`` for misses) and ``ws``; mutates no state.
+
+    host_totals: the last lookup block sums the batch into ``ws.totals`` (offsets, status,
+    counts) for the host to read before ``commit``. False on the sync-free path: no ticket
+    and no last block here; the ``commit`` launch sums the summaries itself (every block
+    for its own offsets, block 0 into ``ws.totals``), which shortens the chain of the call.
 
     select: how victims are ordered, "radix" (radix select of the nv oldest, nv <= 1024)
     or "sort" (bitonic sort of every slot key); both give the reference's order.
@@ -213,8 +221,10 @@ def lookup(
         np.int32(words),
         np.int64(finished_epoch),
         np.int32(VICTIM_SELECT[select]),
+        np.int32(bool(host_totals)),
     )
     launch(fn, (batch,), (LOOKUP_THREADS,), args, shared)
+    ws.commit_sums = not host_totals
 
 
 INT32_MAX = 2**31 - 1
@@ -338,7 +348,7 @@ def commit(
         copy_blocks = default_copy_blocks()
     if not 0 <= copy_blocks <= MAX_COPY_BLOCKS:
         raise InvalidArgument(f"copy_blocks={copy_blocks} must be in [0, {MAX_COPY_BLOCKS}]")
-    args += (np.int32(copy_blocks),)
+    args += (np.int32(copy_blocks), np.int32(ws.commit_sums))
     grid = batch + ((copy_blocks or sm_count(dev) * COPY_BLOCKS_PER_SM) if layers else 0)
     if dependent:
         launch_dependent(fn, (grid,), (COMMIT_THREADS,), args)

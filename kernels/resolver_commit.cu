@@ -55,6 +55,116 @@ __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict
     }
 }
 
+// The sync-free path's batch sums (lookup launched with sums = 0: no ticket, no last block):
+// every block of the commit launch sums the lookup's summaries itself into s_off / s_soff
+// [0, batch] (exclusive copy and staging offsets) and *ok (status 0, staging fits); block 0
+// writes totals as the lookup's last block would have, plus ST_STAGING on an overflow.
+// A batch of <= 32 is summed by one warp (shuffles, one barrier); up to MAXB by the block,
+// 2 requests per thread (blockDim.x >= MAXB / 2). Ends with a barrier.
+__device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ totals, int batch,
+                          i64 n_stage_locs, i64* s_off, i64* s_soff, int* ok, unsigned* tmp,
+                          unsigned* cnt) {
+    const int lane = threadIdx.x & 31;
+    const bool first = blockIdx.x == 0;
+    i64* copy_off = totals + TOT_COLS;
+    i64* stage_off = copy_off + batch + 1;
+    unsigned f[SCOLS];
+    unsigned tot_m, tot_s, st;
+    if (batch <= 32) {
+        if (threadIdx.x < 32) {
+#pragma unroll
+            for (int c = 0; c < SCOLS; ++c)
+                f[c] = lane < batch && (first || c == S_STATUS || c == S_M || c == S_NV)
+                           ? (unsigned)__ldcg(summary + lane * SCOLS + c) : 0u;
+            unsigned im = f[S_M], is = f[S_M] - f[S_NV];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned ym = __shfl_up_sync(0xffffffffu, im, o), ys = __shfl_up_sync(0xffffffffu, is, o);
+                if (lane >= o) im += ym, is += ys;
+            }
+            tot_m = __shfl_sync(0xffffffffu, im, 31), tot_s = __shfl_sync(0xffffffffu, is, 31);
+            st = __reduce_or_sync(0xffffffffu, f[S_STATUS]);
+            if (lane < batch) {
+                s_off[lane] = im - f[S_M];
+                s_soff[lane] = is - (f[S_M] - f[S_NV]);
+            }
+            if (lane == 0) {
+                s_off[batch] = tot_m, s_soff[batch] = tot_s;
+                *ok = st == 0 && (i64)tot_s <= n_stage_locs;
+            }
+            if (first) {
+                const unsigned tail = __reduce_add_sync(0xffffffffu, f[S_TAIL]), opt = __reduce_add_sync(0xffffffffu, f[S_OPT]);
+                const unsigned hot = __reduce_add_sync(0xffffffffu, f[S_HOT]), host = __reduce_add_sync(0xffffffffu, f[S_HOST]);
+                const unsigned direct = __reduce_add_sync(0xffffffffu, f[S_DIRECT]);
+                if (lane < batch) {
+                    copy_off[lane] = im - f[S_M];
+                    stage_off[lane] = is - (f[S_M] - f[S_NV]);
+                }
+                if (lane == 0) {
+                    copy_off[batch] = tot_m, stage_off[batch] = tot_s;
+                    totals[R_STATUS] = st ? st : (i64)tot_s > n_stage_locs ? ST_STAGING : 0;
+                    totals[R_COPIES] = tot_m, totals[R_STAGED] = tot_s;
+                    totals[R_TAIL] = tail, totals[R_OPT] = opt, totals[R_HOT] = hot;
+                    totals[R_HOST] = host, totals[R_DIRECT] = direct;
+                }
+            }
+        }
+        __syncthreads();
+        return;
+    }
+    // thread t: requests 2t, 2t + 1
+    unsigned mv[2] = {0u, 0u}, sv[2] = {0u, 0u};
+#pragma unroll
+    for (int c = 0; c < SCOLS; ++c) f[c] = 0u;
+    if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int i = 2 * threadIdx.x + j;
+        if (i >= batch) continue;
+        const i64* sm = summary + (i64)i * SCOLS;
+        mv[j] = (unsigned)__ldcg(sm + S_M);
+        sv[j] = mv[j] - (unsigned)__ldcg(sm + S_NV);
+        f[S_STATUS] |= (unsigned)__ldcg(sm + S_STATUS);
+        if (first) {
+#pragma unroll
+            for (int c = S_TAIL; c <= S_DIRECT; ++c) f[c] += (unsigned)__ldcg(sm + c);
+        }
+    }
+    unsigned om = block_scan(mv[0] + mv[1], tmp, &tot_m);  // syncs (orders the cnt reset too)
+    unsigned os = block_scan(sv[0] + sv[1], tmp, &tot_s);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int i = 2 * threadIdx.x + j;
+        if (i >= batch) continue;
+        s_off[i] = om, s_soff[i] = os;
+        if (first) copy_off[i] = om, stage_off[i] = os;
+        om += mv[j], os += sv[j];
+    }
+    st = __reduce_or_sync(0xffffffffu, f[S_STATUS]);
+    if (lane == 0 && st) atomicOr(&cnt[0], st);
+    if (first) {
+        block_add(&cnt[1], f[S_TAIL]);
+        block_add(&cnt[2], f[S_OPT]);
+        block_add(&cnt[3], f[S_HOT]);
+        block_add(&cnt[4], f[S_HOST]);
+        block_add(&cnt[5], f[S_DIRECT]);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        st = cnt[0];
+        s_off[batch] = tot_m, s_soff[batch] = tot_s;
+        *ok = st == 0 && (i64)tot_s <= n_stage_locs;
+        if (first) {
+            copy_off[batch] = tot_m, stage_off[batch] = tot_s;
+            totals[R_STATUS] = st ? st : (i64)tot_s > n_stage_locs ? ST_STAGING : 0;
+            totals[R_COPIES] = tot_m, totals[R_STAGED] = tot_s;
+            totals[R_TAIL] = cnt[1], totals[R_OPT] = cnt[2], totals[R_HOT] = cnt[3];
+            totals[R_HOST] = cnt[4], totals[R_DIRECT] = cnt[5];
+        }
+    }
+    __syncthreads();
+}
+
 #define COPY_BLOCKS_MIN 16
 #define HM_SLOTS 8  // hit-mask slots per commit thread loaded with the summary
 #define COPY_ITEMS_PER_BLOCK 512  // W-byte items of the mean request per copy block at work
@@ -70,9 +180,10 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                             i64* __restrict__ copy_dst, i64* __restrict__ staged_rows,
                             const i64* __restrict__ host_ptrs, const i64* __restrict__ payload_ptrs,
                             int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch,
-                            int copy_blocks) {
+                            int copy_blocks, int sums_here) {
     __shared__ i64 s_off[MAXB + 1], s_soff[MAXB + 1];
     __shared__ int s_ok;
+    __shared__ unsigned s_tmp[33], s_cnt[8];
     const int Kk = K * k;
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
@@ -82,33 +193,43 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     TRACE(16);
     const i64* copy_off = totals + TOT_COLS;
     const i64* stage_off = copy_off + batch + 1;
-    // a commit block loads its summary with the totals (one round trip, not two; only read)
+    // a commit block loads its summary, its slot-state pointers and the hit-mask words of its
+    // first HM_SLOTS * blockDim.x slots together with the totals (one round trip, not three:
+    // for B up to that, the stamping below waits for no further load)
     const bool commit_block = (int)blockIdx.x < batch;
     const i64* sm = summary + (i64)(commit_block ? blockIdx.x : 0) * SCOLS;
+    const i64* row = table + (i64)(commit_block ? blockIdx.x : 0) * TCOLS;
     i64 su = 0, m = 0, nv = 0, nhit = 0, off = 0, soff = 0;
-    // ... and the hit-mask words of its first HM_SLOTS * blockDim.x slots (for B up to
-    // that, the stamping below waits for no further load)
+    i64 *hot_rows = nullptr, *stamp = nullptr, *protect = nullptr;
+    const i64* hot_locs = nullptr;
     unsigned hw[HM_SLOTS];
     const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)blockIdx.x * B);
     if (commit_block) {
         su = sm[S_U], m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT];
-        off = copy_off[blockIdx.x], soff = stage_off[blockIdx.x];
+        hot_rows = ptr<i64>(row, T_HOT_ROWS), stamp = ptr<i64>(row, T_HOT_STAMP);
+        protect = ptr<i64>(row, T_HOT_PROTECT), hot_locs = ptr<const i64>(row, T_HOT_LOCS);
+        if (!sums_here) off = copy_off[blockIdx.x], soff = stage_off[blockIdx.x];
     }
 #pragma unroll
     for (int q = 0; q < HM_SLOTS; ++q) {
         const int s = threadIdx.x + q * blockDim.x;
         hw[q] = commit_block && s < B ? hm[s >> 5] : 0u;
     }
-    if (threadIdx.x == 0) {
-        const i64 staged = totals[R_STAGED];
-        s_ok = totals[R_STATUS] == 0 && staged <= n_stage_locs;
-        if (!s_ok && blockIdx.x == 0 && totals[R_STATUS] == 0) totals[R_STATUS] = ST_STAGING;
+    if (sums_here) {
+        sum_batch(summary, totals, batch, n_stage_locs, s_off, s_soff, &s_ok, s_tmp, s_cnt);  // syncs
+        if (commit_block) off = s_off[blockIdx.x], soff = s_soff[blockIdx.x];
+    } else {
+        if (threadIdx.x == 0) {
+            const i64 staged = totals[R_STAGED];
+            s_ok = totals[R_STATUS] == 0 && staged <= n_stage_locs;
+            if (!s_ok && blockIdx.x == 0 && totals[R_STATUS] == 0) totals[R_STATUS] = ST_STAGING;
+        }
+        __syncthreads();
     }
-    __syncthreads();
     TRACE(17);  // totals read
     if (!s_ok) return;
     if ((int)blockIdx.x >= batch) {
-        const i64 n_copies = totals[R_COPIES];
+        const i64 n_copies = sums_here ? s_off[batch] : totals[R_COPIES];
         if (n_copies == 0 || n_layers == 0) return;
         // Copy blocks at work: copy_blocks, or (0) about one per COPY_ITEMS_PER_BLOCK W-byte
         // items of the mean request's misses in one layer, at least COPY_BLOCKS_MIN (layers
@@ -130,11 +251,13 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         // whatever the lookup left free
         const int step = ncb / active, cb = (int)blockIdx.x - batch;
         if (cb % step != 0 || cb / step >= active) return;
-        for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
-            s_off[i] = copy_off[i];
-            s_soff[i] = stage_off[i];
+        if (!sums_here) {
+            for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
+                s_off[i] = copy_off[i];
+                s_soff[i] = stage_off[i];
+            }
+            __syncthreads();
         }
-        __syncthreads();
         // 32-bit item indices when the last one (plus a stride of U rounds) stays below 2^32
         const i64 items = n_copies * (row_bytes / W) * n_layers + (i64)active * blockDim.x * U;
         if (items < (1ll << 32))
@@ -146,13 +269,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         return;
     }
     const int b = blockIdx.x;
-    const i64* row = table + (i64)b * TCOLS;
     if (su == 0) return;  // direct lookup: no LRU change
     TRACE(18);  // summary read
-    i64* hot_rows = ptr<i64>(row, T_HOT_ROWS);
-    i64* stamp = ptr<i64>(row, T_HOT_STAMP);
-    i64* protect = ptr<i64>(row, T_HOT_PROTECT);
-    const i64* hot_locs = ptr<const i64>(row, T_HOT_LOCS);
     // loads of a group of U items are issued before their stores (see the lookup passes)
     for (i64 i0 = threadIdx.x; i0 < m; i0 += blockDim.x * U) {
         i64 r[U], dst[U];
@@ -233,10 +351,11 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         const i32* victims, const i32* hit_mask, const i64* summary, i64* totals,            \
         const i64* stage_locs, i64 n_stage_locs, i64* copy_batch, i64* copy_rows,             \
         i64* copy_dst, i64* staged_rows, const i64* host_ptrs, const i64* payload_ptrs,       \
-        int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch, int copy_blocks) {   \
+        int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch, int copy_blocks,     \
+        int sums_here) {                                                                                       \
         commit_body<W>(table, sel, locs, miss_dst, misses, victims, hit_mask, summary, totals, stage_locs,   \
                        n_stage_locs, copy_batch, copy_rows, copy_dst, staged_rows, host_ptrs, payload_ptrs,   \
-                       n_layers, batch, K, k, B, row_bytes, epoch, copy_blocks);                               \
+                       n_layers, batch, K, k, B, row_bytes, epoch, copy_blocks, sums_here);                    \
     }
 COMMIT(16)
 COMMIT(8)

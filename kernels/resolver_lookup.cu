@@ -106,7 +106,7 @@ __device__ __forceinline__ void lookup_body(
     i64* __restrict__ locs, i64* __restrict__ need_loc, i64* __restrict__ misses,
     i32* __restrict__ victims, i32* __restrict__ hit_mask, i64* __restrict__ summary,
     i64* __restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,
-    i64 finished_epoch, int select_mode) {
+    i64 finished_epoch, int select_mode, int sums) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
     __shared__ unsigned cnt[8];  // tail, opt, hot, host, hit, ncand, status, cleared (32-bit: block_add)
@@ -358,9 +358,15 @@ __device__ __forceinline__ void lookup_body(
         sm[S_HOT] = (i64)cnt[2];
         sm[S_HOST] = (i64)cnt[3];
         sm[S_DIRECT] = u == 0;
-        __threadfence();
-        const unsigned long long t = atomicAdd(reinterpret_cast<unsigned long long*>(&totals[R_TICKET]), 1ull);
-        last = (t == (unsigned long long)(batch - 1));
+        if (sums) {
+            __threadfence();
+            const unsigned long long t = atomicAdd(reinterpret_cast<unsigned long long*>(&totals[R_TICKET]), 1ull);
+            last = (t == (unsigned long long)(batch - 1));
+        }
+    }
+    if (!sums) {  // the commit launch sums the summaries (sum_batch): no ticket, no last block
+        TRACE(7);
+        return;
     }
     __syncthreads();
     TRACE(7);  // summary written, ticket taken
@@ -456,9 +462,9 @@ __device__ __forceinline__ void lookup_body(
         i64 *__restrict__ locs, i64 *__restrict__ need_loc, i64 *__restrict__ misses,                       \
         i32 *__restrict__ victims, i32 *__restrict__ hit_mask, i64 *__restrict__ summary,                  \
         i64 *__restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,             \
-        i64 finished_epoch, int select_mode
+        i64 finished_epoch, int select_mode, int sums
 #define LOOKUP_PASS table, sel, visible, locs, need_loc, misses, victims, hit_mask, summary, totals, batch, K, \
-                    k, B, Bp, T, p, W, finished_epoch, select_mode
+                    k, B, Bp, T, p, W, finished_epoch, select_mode, sums
 // One block per SM (64 registers, 4 loads in flight per thread) ...
 extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) { lookup_body<4>(LOOKUP_PASS); }
 // ... or two (32 registers, 2 loads in flight): a batch above the SM count in one wave.

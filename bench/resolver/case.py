@@ -68,6 +68,7 @@ class Case:
             rows_bound=st.tail_lo,
             finished_epoch=0,
             select=self.select,
+            host_totals=False,  # sync-free: the commit sums the batch
         )
 
     def commit(self, i: int) -> None:

@@ -358,28 +358,34 @@ def test_pdl_setting_is_validated(monkeypatch) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES[:5], ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
 def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monkeypatch) -> None:
     """lookup, then commit + the miss copies of every layer, back to back on the stream with
-    no host read between (the sync-free path); the commit launched with PDL against the
-    same launches without it: same locations, totals, copy list, hot-cache state and bytes."""
+    no host read between (the sync-free path): the commit launched with PDL, and the batch
+    summed by the commit launch instead of the lookup's last block (host_totals=False), each
+    against plain launches with the lookup's sums: same locations, totals (offsets, status,
+    counts; a staging overflow included), copy list, hot-cache state and bytes."""
     from kernels import dropin
     from kernels import resolver as kres
 
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)
-    h_a, h_b, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    pairs = [make_pair(seed, batch, k_queries, hot, staging, row_bytes) for _ in range(2)]
+    sides = [(pairs[0][0], "0", True), (pairs[0][1], "1", True), (pairs[1][0], "1", False),
+             (pairs[1][1], "0", False)]  # harness, DHISPARSE_PDL, host_totals
+    rids = pairs[0][2]
     gen = torch.Generator().manual_seed(seed)
     launched, dependent = [], []
     real = kres.launch_dependent
     monkeypatch.setattr(kres, "launch_dependent", lambda *a: dependent.append(real(*a)))
     for hit_frac in (0.0, 0.8, 1.0, 0.3):
-        sel = selections(h_a, rids, k_queries, k, hit_frac, gen)
+        sel = selections(sides[0][0], rids, k_queries, k, hit_frac, gen)
         outs = []
-        for h, pdl in ((h_a, "0"), (h_b, "1")):
+        for h, pdl, host_totals in sides:
             monkeypatch.setenv("DHISPARSE_PDL", pdl)
             g, n = h.group, sel.numel()
             ws = kres.Workspace.new(batch, k_queries * k, g.hot_slots, g.device)
+            ws.totals.fill_(0)
             table = dropin.request_table(g, [g.request(r) for r in rids])
             host, pay = dropin._copy_pointers(g, rids, range(g.spec.payload_layers))
             stage = torch.tensor(sorted(g.staging.free_locs), dtype=torch.int64, device=g.device)
@@ -391,7 +397,8 @@ def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monke
             kres.lookup(ws, table, sel, vis, locs, hot_slots=g.hot_slots,
                         tail_rows=g.config.tail_rows, page_rows=g.config.page_rows,
                         rows_bound=max(g.request(r).tail_lo for r in rids),
-                        finished_epoch=g.finished_epoch)
+                        finished_epoch=g.finished_epoch, host_totals=host_totals)
+            assert ws.commit_sums is not host_totals
             kres.commit(ws, table, sel, locs, stage, out, epoch=g.clock + 1,
                         hot_slots=g.hot_slots, host_ptrs=host, payloads=pay,
                         row_bytes=row_bytes, dependent=True)
@@ -399,14 +406,16 @@ def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monke
             totals = ws.totals[: kres.TOT_COLS + 2 * (batch + 1)].cpu()
             outs.append((locs.cpu(), totals, [t.cpu() for t in (out.batch, out.rows, out.dst,
                                                               out.staged_rows)], snapshot(h)))
-        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-        for x, y in zip(outs[0][2], outs[1][2], strict=True):
-            assert torch.equal(x, y)
-        assert_same(outs[0][3], outs[1][3])
-        launched.append(int(outs[1][1][kres.R_COPIES]))
+        for other in outs[1:]:
+            assert torch.equal(outs[0][0], other[0])
+            assert torch.equal(outs[0][1], other[1]), (outs[0][1], other[1])
+            for x, y in zip(outs[0][2], other[2], strict=True):
+                assert torch.equal(x, y)
+            assert_same(outs[0][3], other[3])
+        launched.append(int(outs[0][1][kres.R_COPIES]))
     assert any(launched)  # copies ran
-    assert dependent == [False, True] * 4  # DHISPARSE_PDL=0 plain, =1 by cuLaunchKernelEx
-
+    # DHISPARSE_PDL=0 plain, =1 by cuLaunchKernelEx
+    assert dependent == [False, True, True, False] * 4
 
 
 @pytest.mark.gpu
