@@ -41,6 +41,7 @@ from .resolver import (
     CopyList,
     Workspace,
     commit,
+    default_commit_parts,
     default_copy_blocks,
     lookup,
     plan_copy,
@@ -174,6 +175,7 @@ def resolve(
     if ptrs is None:
         copy_layers = ()
     copy_blocks = default_copy_blocks()  # a bad setting raises here, before any change
+    parts = default_commit_parts()  # likewise
     vec_width(group.spec.row_bytes)  # the commit's copies need 4-byte rows: refuse now
     ws = _workspace(group, batch, k_queries * k)
     table = request_table(group, states)
@@ -218,7 +220,7 @@ def resolve(
     commit(
         ws, table, selections, locations, stage_locs, out, epoch=epoch, hot_slots=group.hot_slots,
         host_ptrs=ptrs[0] if ptrs else None, payloads=ptrs[1] if ptrs else None,
-        row_bytes=group.spec.row_bytes, copy_blocks=copy_blocks,
+        row_bytes=group.spec.row_bytes, copy_blocks=copy_blocks, parts=parts,
     )
     for s in states:
         s.last_read_epoch = epoch

@@ -37,6 +37,7 @@ LOOKUP_THREADS, COMMIT_THREADS = 1024, 512
 SORT_N = 4096  # resolver_lookup.cu: B <= 4096 sorts in registers; larger B in shared memory
 COPY_BLOCKS_PER_SM = 2  # __launch_bounds__(512, 2): 64 registers (52 B spill, ptxas -v)
 MAX_COPY_BLOCKS = 1 << 16  # DHISPARSE_COPY_BLOCKS / copy_blocks
+MAX_COMMIT_PARTS = 8  # DHISPARSE_COMMIT_PARTS / commit(parts=)
 MAX_BATCH, MAX_ENTRIES, MAX_SLOTS = (
     1024,
     65535,
@@ -287,6 +288,7 @@ def commit(
     row_bytes: int = 16,
     copy_blocks: int | None = None,
     dependent: bool = False,
+    parts: int | None = None,
 ) -> None:
     """Launch 2: apply the lookup (victims, stamps, staging), finish ``locations`` and the
     copy list; with ``host_ptrs`` (int64 [L, batch]) and ``payloads`` (int64 [L]) also copy
@@ -297,6 +299,9 @@ def commit(
     copy_blocks: blocks sharing the miss copies; 0 = the kernel's rule (2 per SM launched,
     about one per 512 copy items of the mean request's misses at work, at least 16); None =
     ``default_copy_blocks()``.
+    parts: commit blocks per request, each stamping the hits of 1 / parts of its slots
+    (part 0 also takes the misses); 0 = ``commit_parts_rule``; None =
+    ``default_commit_parts()``.
     dependent: this launch directly follows ``lookup`` on the stream (the sync-free path):
     it goes out with programmatic dependent launch, so its blocks are scheduled while the
     lookup runs and start the moment it ends (``_loader.launch_dependent``)."""
@@ -348,12 +353,34 @@ def commit(
         copy_blocks = default_copy_blocks()
     if not 0 <= copy_blocks <= MAX_COPY_BLOCKS:
         raise InvalidArgument(f"copy_blocks={copy_blocks} must be in [0, {MAX_COPY_BLOCKS}]")
-    args += (np.int32(copy_blocks), np.int32(ws.commit_sums))
-    grid = batch + ((copy_blocks or sm_count(dev) * COPY_BLOCKS_PER_SM) if layers else 0)
+    if parts is None:
+        parts = default_commit_parts()
+    check_limit("parts", parts, MAX_COMMIT_PARTS)
+    parts = parts or commit_parts_rule(batch, sm_count(dev))
+    args += (np.int32(copy_blocks), np.int32(ws.commit_sums), np.int32(parts))
+    grid = batch * parts + ((copy_blocks or sm_count(dev) * COPY_BLOCKS_PER_SM) if layers else 0)
     if dependent:
         launch_dependent(fn, (grid,), (COMMIT_THREADS,), args)
     else:
         launch(fn, (grid,), (COMMIT_THREADS,), args)
+
+
+def default_commit_parts() -> int:
+    """Commit blocks per request (``commit``'s ``parts``): ``DHISPARSE_COMMIT_PARTS`` = an
+    integer in [1, MAX_COMMIT_PARTS], or auto (0: ``commit_parts_rule``)."""
+    value = os.environ.get("DHISPARSE_COMMIT_PARTS", "auto")
+    if value == "auto":
+        return 0
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_COMMIT_PARTS:
+        raise InvalidArgument(f"DHISPARSE_COMMIT_PARTS={value!r} must be auto or an integer "
+                              f"in [1, {MAX_COMMIT_PARTS}]")
+    return int(value)
+
+
+def commit_parts_rule(batch: int, sms: int) -> int:
+    """As many commit blocks per request as keep the commit blocks within one per SM (4 at
+    most; 1 once the batch alone fills the SMs)."""
+    return max(1, min(4, sms // max(batch, 1)))
 
 
 def default_copy_blocks() -> int:

@@ -169,7 +169,11 @@ __device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ tot
 #define HM_SLOTS 8  // hit-mask slots per commit thread loaded with the summary
 #define COPY_ITEMS_PER_BLOCK 512  // W-byte items of the mean request per copy block at work
 
-// grid: [0, batch) commit blocks, [batch, gridDim.x) copy blocks (n_layers may be 0).
+// grid: [0, batch * parts) commit blocks, [batch * parts, gridDim.x) copy blocks (n_layers
+// may be 0). Commit block x serves request x % batch, part x / batch: part p stamps the hits
+// of slots [p R, (p + 1) R) (R = B / parts rounded up to whole mask words), part 0 also
+// takes the misses (victims, staging, copy list, locations). More parts spread a request's
+// stamping stores over more SMs.
 template <int W>
 __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict__ sel,
                             i64* __restrict__ locs, i64* __restrict__ miss_dst,
@@ -180,7 +184,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                             i64* __restrict__ copy_dst, i64* __restrict__ staged_rows,
                             const i64* __restrict__ host_ptrs, const i64* __restrict__ payload_ptrs,
                             int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch,
-                            int copy_blocks, int sums_here) {
+                            int copy_blocks, int sums_here, int parts) {
     __shared__ i64 s_off[MAXB + 1], s_soff[MAXB + 1];
     __shared__ int s_ok;
     __shared__ unsigned s_tmp[33], s_cnt[8];
@@ -196,28 +200,31 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     // a commit block loads its summary, its slot-state pointers and the hit-mask words of its
     // first HM_SLOTS * blockDim.x slots together with the totals (one round trip, not three:
     // for B up to that, the stamping below waits for no further load)
-    const bool commit_block = (int)blockIdx.x < batch;
-    const i64* sm = summary + (i64)(commit_block ? blockIdx.x : 0) * SCOLS;
-    const i64* row = table + (i64)(commit_block ? blockIdx.x : 0) * TCOLS;
+    const int n_commit = batch * parts;
+    const bool commit_block = (int)blockIdx.x < n_commit;
+    const int rb = commit_block ? (int)blockIdx.x % batch : 0, part = commit_block ? (int)blockIdx.x / batch : 0;
+    const int span = ((B + parts - 1) / parts + 31) & ~31, s_lo = min(B, part * span), s_hi = min(B, s_lo + span);
+    const i64* sm = summary + (i64)rb * SCOLS;
+    const i64* row = table + (i64)rb * TCOLS;
     i64 su = 0, m = 0, nv = 0, nhit = 0, off = 0, soff = 0;
     i64 *hot_rows = nullptr, *stamp = nullptr, *protect = nullptr;
     const i64* hot_locs = nullptr;
     unsigned hw[HM_SLOTS];
-    const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)blockIdx.x * B);
+    const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)rb * B);
     if (commit_block) {
         su = sm[S_U], m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT];
         hot_rows = ptr<i64>(row, T_HOT_ROWS), stamp = ptr<i64>(row, T_HOT_STAMP);
         protect = ptr<i64>(row, T_HOT_PROTECT), hot_locs = ptr<const i64>(row, T_HOT_LOCS);
-        if (!sums_here) off = copy_off[blockIdx.x], soff = stage_off[blockIdx.x];
+        if (!sums_here) off = copy_off[rb], soff = stage_off[rb];
     }
 #pragma unroll
     for (int q = 0; q < HM_SLOTS; ++q) {
-        const int s = threadIdx.x + q * blockDim.x;
-        hw[q] = commit_block && s < B ? hm[s >> 5] : 0u;
+        const int s = s_lo + threadIdx.x + q * blockDim.x;
+        hw[q] = commit_block && s < s_hi ? hm[s >> 5] : 0u;
     }
     if (sums_here) {
         sum_batch(summary, totals, batch, n_stage_locs, s_off, s_soff, &s_ok, s_tmp, s_cnt);  // syncs
-        if (commit_block) off = s_off[blockIdx.x], soff = s_soff[blockIdx.x];
+        if (commit_block) off = s_off[rb], soff = s_soff[rb];
     } else {
         if (threadIdx.x == 0) {
             const i64 staged = totals[R_STAGED];
@@ -228,7 +235,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     }
     TRACE(17);  // totals read
     if (!s_ok) return;
-    if ((int)blockIdx.x >= batch) {
+    if (!commit_block) {
         const i64 n_copies = sums_here ? s_off[batch] : totals[R_COPIES];
         if (n_copies == 0 || n_layers == 0) return;
         // Copy blocks at work: copy_blocks, or (0) about one per COPY_ITEMS_PER_BLOCK W-byte
@@ -238,7 +245,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         // requests read fastest with fewer rows in flight (H200, 656 B rows, 20% misses,
         // batch 160: 1788 us with 264 blocks, 1508 with 33, 1411 with 16), while a dense
         // request wants every block (cold, batch 1: 53.7 us with 264, 56.1 with 16).
-        const int ncb = gridDim.x - batch;
+        const int ncb = gridDim.x - n_commit;
         int active = copy_blocks;
         if (active <= 0) {
             const i64 per_request = (n_copies * (row_bytes / W) + batch - 1) / batch;
@@ -249,7 +256,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         // the working blocks are spread over the launched ones (every step-th): consecutive
         // blocks share SMs, and a commit launched with PDL is placed in index order onto
         // whatever the lookup left free
-        const int step = ncb / active, cb = (int)blockIdx.x - batch;
+        const int step = ncb / active, cb = (int)blockIdx.x - n_commit;
         if (cb % step != 0 || cb / step >= active) return;
         if (!sums_here) {
             for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
@@ -268,11 +275,11 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                                 batch, Kk, B, row_bytes, s_off, s_soff, n_copies, cb / step, active);
         return;
     }
-    const int b = blockIdx.x;
+    const int b = rb;
     if (su == 0) return;  // direct lookup: no LRU change
     TRACE(18);  // summary read
     // loads of a group of U items are issued before their stores (see the lookup passes)
-    for (i64 i0 = threadIdx.x; i0 < m; i0 += blockDim.x * U) {
+    for (i64 i0 = part == 0 ? threadIdx.x : m; i0 < m; i0 += blockDim.x * U) {
         i64 r[U], dst[U];
         int slot[U];
 #pragma unroll
@@ -308,18 +315,18 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     if (nhit > 0) {
 #pragma unroll
         for (int q = 0; q < HM_SLOTS; ++q) {
-            const int s = threadIdx.x + q * blockDim.x;
-            if ((hw[q] >> (s & 31)) & 1u) {  // 0 past B
+            const int s = s_lo + threadIdx.x + q * blockDim.x;
+            if ((hw[q] >> (s & 31)) & 1u) {  // 0 past s_hi
                 stamp[s] = epoch;
                 protect[s] = epoch;
             }
         }
     }
-    const int hm_done = HM_SLOTS * blockDim.x;
-    for (int s0 = nhit > 0 ? hm_done + threadIdx.x : B; s0 < B; s0 += blockDim.x * U) {
+    const int hm_done = s_lo + HM_SLOTS * blockDim.x;
+    for (int s0 = nhit > 0 ? hm_done + threadIdx.x : s_hi; s0 < s_hi; s0 += blockDim.x * U) {
         unsigned w[U];
 #pragma unroll
-        for (int q = 0; q < U; ++q) w[q] = s0 + q * (int)blockDim.x < B ? hm[(s0 + q * blockDim.x) >> 5] : 0u;
+        for (int q = 0; q < U; ++q) w[q] = s0 + q * (int)blockDim.x < s_hi ? hm[(s0 + q * blockDim.x) >> 5] : 0u;
 #pragma unroll
         for (int q = 0; q < U; ++q) {
             const int s = s0 + q * blockDim.x;
@@ -330,7 +337,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         }
     }
     TRACE(19);  // victims / hits stamped
-    if (m == 0) return;  // hits only: every location was final after the lookup
+    if (m == 0 || part > 0) return;  // hits only: every location was final after the lookup
     __syncthreads();
     i64* l_b = locs + (i64)b * Kk;
     for (int e0 = threadIdx.x; e0 < Kk; e0 += blockDim.x * U) {
@@ -352,10 +359,10 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         const i64* stage_locs, i64 n_stage_locs, i64* copy_batch, i64* copy_rows,             \
         i64* copy_dst, i64* staged_rows, const i64* host_ptrs, const i64* payload_ptrs,       \
         int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch, int copy_blocks,     \
-        int sums_here) {                                                                                       \
+        int sums_here, int parts) {                                                                            \
         commit_body<W>(table, sel, locs, miss_dst, misses, victims, hit_mask, summary, totals, stage_locs,   \
                        n_stage_locs, copy_batch, copy_rows, copy_dst, staged_rows, host_ptrs, payload_ptrs,   \
-                       n_layers, batch, K, k, B, row_bytes, epoch, copy_blocks, sums_here);                    \
+                       n_layers, batch, K, k, B, row_bytes, epoch, copy_blocks, sums_here, parts);             \
     }
 COMMIT(16)
 COMMIT(8)

@@ -284,14 +284,17 @@ def test_fused_resolver_matches_reference(
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES[:4], ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
 @pytest.mark.parametrize(
-    "copy_layers,copy_blocks", [((0,), "auto"), ((1, 0), "1"), ((0,), "7"), ((1,), "300")]
+    "copy_layers,copy_blocks,parts",
+    [((0,), "auto", "auto"), ((1, 0), "1", "3"), ((0,), "7", "8"), ((1,), "300", "1")],
 )
 def test_commit_copies_layers_like_apply_copies(
-    case: tuple, copy_layers: tuple, copy_blocks: str, monkeypatch
+    case: tuple, copy_layers: tuple, copy_blocks: str, parts: str, monkeypatch
 ) -> None:
     """Miss copies done inside the commit launch (the kernel's rule, one block, a few, more
-    blocks than fit the GPU at once) give the reference's payload bytes, counters and state."""
+    blocks than fit the GPU at once), with 1 to 8 commit blocks per request, give the
+    reference's payload bytes, counters and state."""
     monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", copy_blocks)
+    monkeypatch.setenv("DHISPARSE_COMMIT_PARTS", parts)
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)
     h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
@@ -324,6 +327,22 @@ def test_copy_blocks_setting_is_validated(monkeypatch) -> None:
         monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", bad)
         with pytest.raises(InvalidArgument, match=f"DHISPARSE_COPY_BLOCKS='{bad}' must be"):
             kres.default_copy_blocks()
+
+
+def test_commit_parts_setting_is_validated_and_the_rule_fills_the_sms(monkeypatch) -> None:
+    from kernels import resolver as kres
+
+    monkeypatch.setenv("DHISPARSE_COMMIT_PARTS", "3")
+    assert kres.default_commit_parts() == 3
+    monkeypatch.setenv("DHISPARSE_COMMIT_PARTS", "auto")
+    assert kres.default_commit_parts() == 0  # commit_parts_rule
+    for bad in ("0", "-1", "two", str(kres.MAX_COMMIT_PARTS + 1)):
+        monkeypatch.setenv("DHISPARSE_COMMIT_PARTS", bad)
+        with pytest.raises(InvalidArgument, match=f"DHISPARSE_COMMIT_PARTS='{bad}' must be"):
+            kres.default_commit_parts()
+    # batch 1..33 on 132 SMs: 4 parts; then fewer, 1 once the batch fills the SMs
+    assert [kres.commit_parts_rule(b, 132) for b in (1, 32, 33, 44, 45, 66, 67, 132, 256)] == [
+        4, 4, 4, 3, 2, 2, 1, 1, 1]
 
 
 def test_dependent_launch_structures_match_cuda_h() -> None:
