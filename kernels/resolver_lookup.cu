@@ -136,6 +136,7 @@ __device__ __forceinline__ void lookup_body(
 
     bitmap_fill(need_bm, nullptr, Wp);
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
+    __syncthreads();
 
     // pass 1: direct path; the rest becomes the union bitmap. Entries go in groups of G
     // per thread with every load of a group issued before the first use (after the L2
@@ -143,36 +144,19 @@ __device__ __forceinline__ void lookup_body(
     // Row arithmetic is 32-bit when every row of the request fits (64-bit division is a
     // long instruction sequence on the GPU).
     const bool small = tail_hi <= 0x7FFFFFFFll;
-    // the hot scan's hot_rows and hot_locs, into L2 while pass 1 runs (one 128-byte line per
-    // thread; after the flush the scan's loads are L2 hits instead of DRAM round trips)
-    auto prefetch_slots = [&]() {
-        const int lines = (B * 8 + 127) / 128;
-        const char* hr = reinterpret_cast<const char*>(ptr<const i64>(row, T_HOT_ROWS));
-        const char* hl = reinterpret_cast<const char*>(ptr<const i64>(row, T_HOT_LOCS));
-        for (int i = threadIdx.x; i < 2 * lines; i += NT) {
-            const char* a = (i < lines ? hr + (size_t)i * 128 : hl + (size_t)(i - lines) * 128);
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-        }
-    };
     const i64 vis1 = K == 1 ? visible[b] : 0;
     unsigned n_tail = 0, n_opt = 0, status = 0;
     auto pass1 = [&](auto groups) {
         constexpr int G = decltype(groups)::value;
-        i64 r[G], vis[G], loc[G], pg[G];
-        bool tail[G], page[G];
-        auto load = [&](int e0) {
+        for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
+            i64 r[G], vis[G], loc[G], pg[G];
+            bool tail[G], page[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;
                 r[q] = e < Kk ? s_b[e] : -1;
                 vis[q] = K == 1 ? vis1 : e < Kk ? visible[(i64)b * K + e / k] : 0;
             }
-        };
-        load(threadIdx.x);  // the first group's loads fly while the bitmap is zeroed
-        prefetch_slots();
-        __syncthreads();
-        for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
-            if (e0 != (int)threadIdx.x) load(e0);
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 unsigned bad = 0;
