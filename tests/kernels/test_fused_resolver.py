@@ -114,16 +114,17 @@ def test_a_misaligned_row_buffer_is_named_as_such() -> None:
 
 # -- GPU ------------------------------------------------------------------------------
 def make_pair(
-    seed: int, batch: int, k_queries: int, hot: int, staging: int, row_bytes: int, layers: int = 2
+    seed: int, batch: int, k_queries: int, hot: int, staging: int, row_bytes: int, layers: int = 2,
+    imported_range: tuple[int, int] = (1, 300),
 ) -> tuple[Harness, Harness, list[str]]:
-    """Adaptive groups: every request's history is admitted to optional pages, backed up,
-    then a random ~70% of its pages retired, so selections hit the tail, ready optional
-    pages, and host rows (through the hot cache) alike."""
+    """Adaptive groups: every request's history (``imported_range`` rows) is admitted to
+    optional pages, backed up, then a random ~70% of its pages retired, so selections hit the
+    tail, ready optional pages, and host rows (through the hot cache) alike."""
     p, tail = 8, 8 + k_queries
     rng = random.Random(seed)
     required = -(-hot // p) + -(-tail // p)
     sizes = dict(
-        num_pages=batch * (required + 40),
+        num_pages=batch * (required + 40 + max(0, imported_range[1] - 300) // p),
         page_rows=p,
         hot_slots=hot,
         tail_rows=tail,
@@ -140,7 +141,7 @@ def make_pair(
         pair.append(h)
     rids = [f"r{b}" for b in range(batch)]
     for b, rid in enumerate(rids):
-        imported = rng.randint(1, 300)
+        imported = rng.randint(*imported_range)
         if b == 0:  # the first request has host-only rows: its page 0 is always retired
             imported = max(imported, 4 * p + tail)
         keep = rng.random() * 0.6
@@ -279,6 +280,30 @@ def test_fused_resolver_matches_reference(
             assert promoted[-2] == promoted[-1]
             assert_same(snapshot(h_ref), snapshot(h_k))
             h_k.check()
+
+
+@pytest.mark.gpu
+def test_fused_resolver_long_histories_many_entries_and_slots(monkeypatch) -> None:
+    """The paths the small cases miss: K * k = 1400 entries (two entry groups per thread),
+    B = 4100 hot slots (above the commit's preloaded mask words, not a multiple of 32; the
+    cache fills past slot 4096 before the hit rounds), 132K-140K-row histories (several
+    16-byte bitmap groups per thread), against the reference with the invariants after each
+    round, with the batch summed by the lookup (drop-in path)."""
+    from kernels import dropin
+
+    monkeypatch.setenv("DHISPARSE_COMMIT_PARTS", "auto")
+    seed = random.randrange(1 << 30)
+    h_ref, h_k, rids = make_pair(seed, 2, 2, 4100, 8192, 16, imported_range=(132_000, 140_000))
+    gen = torch.Generator().manual_seed(seed)
+    for hit_frac in [0.0, 0.0, 0.0, 0.0, 0.9, 0.5, 1.0, 0.95]:
+        sel = selections(h_ref, rids, 2, 700, hit_frac, gen)
+        check_round(h_ref, h_k, rids, sel)
+        for h, release in ((h_ref, ref.release_staging), (h_k, dropin.release_staging)):
+            h.group.readers_finished()
+            release(h.group)
+        assert_same(snapshot(h_ref), snapshot(h_k))
+    held = max(len([r for r in h_k.hot_rows(rid) if r >= 0]) for rid in rids)
+    assert held > 4096  # slots past the preloaded mask words were in use
 
 
 @pytest.mark.gpu
