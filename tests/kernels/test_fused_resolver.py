@@ -283,8 +283,10 @@ def test_fused_resolver_matches_reference(
 
 
 @pytest.mark.gpu
-def test_fused_resolver_long_histories_many_entries_and_slots(monkeypatch) -> None:
-    """The paths the small cases miss: K * k = 1400 entries (two entry groups per thread),
+@pytest.mark.parametrize("k", [700, 1100])
+def test_fused_resolver_long_histories_many_entries_and_slots(k: int, monkeypatch) -> None:
+    """The paths the small cases miss: K * k = 1400 / 2200 entries (two / four entry groups
+    per thread),
     B = 4100 hot slots (above the commit's preloaded mask words, not a multiple of 32; the
     cache fills past slot 4096 before the hit rounds), 132K-140K-row histories (several
     16-byte bitmap groups per thread), against the reference with the invariants after each
@@ -296,7 +298,7 @@ def test_fused_resolver_long_histories_many_entries_and_slots(monkeypatch) -> No
     h_ref, h_k, rids = make_pair(seed, 2, 2, 4100, 8192, 16, imported_range=(132_000, 140_000))
     gen = torch.Generator().manual_seed(seed)
     for hit_frac in [0.0, 0.0, 0.0, 0.0, 0.9, 0.5, 1.0, 0.95]:
-        sel = selections(h_ref, rids, 2, 700, hit_frac, gen)
+        sel = selections(h_ref, rids, 2, k, hit_frac, gen)
         check_round(h_ref, h_k, rids, sel)
         for h, release in ((h_ref, ref.release_staging), (h_k, dropin.release_staging)):
             h.group.readers_finished()
