@@ -9,12 +9,15 @@
 //             the union, eq. 6, for free), hot hits found by scanning the B slots against
 //             the bitmap (bounded by B), LRU victims by a bitonic sort of (stamp, slot)
 //             keys of the unprotected, non-hit slots. Mutates nothing: writes per-request
-//             scratch and a summary row; the last block to finish (atomic ticket) sums the
-//             summaries into offsets (copies, staging) and totals.
-//   launch 2  resolve_commit      grid = batch commit blocks + copy blocks
-//             commit block b: victims take the misses (ascending rows), hit and victim
-//             slots get stamp = protect = epoch, staged rows take stage_locs in order,
-//             locations are finished in selection order, the plan's copy list is written.
+//             scratch and a summary row; with sums = 1 (a host reads the totals between
+//             the launches: the drop-in path) the last block to finish (atomic ticket) sums
+//             the summaries into offsets (copies, staging) and totals; with sums = 0 (the
+//             sync-free path) launch 2 does that itself (sum_batch), one step shorter.
+//   launch 2  resolve_commit      grid = batch x parts commit blocks + copy blocks
+//             commit block (b, part): victims take the misses (ascending rows), hit and victim
+//             slots get stamp = protect = epoch (each part stamps the hits of its share of
+//             the slots), staged rows take stage_locs in order, locations are finished in
+//             selection order, the plan's copy list is written (part 0).
 //             copy blocks: the union of every request's misses, flattened into 16-byte
 //             items over (layer, request, row, vector) -- i.e. ascending host address
 //             within a request -- spread over all copy blocks, read from mapped host
