@@ -507,3 +507,18 @@ def test_staging_exhaustion_raises_like_reference() -> None:
     assert isinstance(p_ref, ResourceExhausted) and isinstance(p_k, ResourceExhausted)
     assert str(p_ref) == str(p_k)
     assert_same(snapshot(h_ref), snapshot(h_k))
+
+
+def test_compile_variants_follow_the_environment(monkeypatch) -> None:
+    from kernels import resolver as kres
+
+    monkeypatch.delenv("DHISPARSE_RESOLVER_TRACE", raising=False)
+    monkeypatch.delenv("DHISPARSE_RESOLVER_LINEINFO", raising=False)
+    assert kres.defines() == ()
+    monkeypatch.setenv("DHISPARSE_RESOLVER_LINEINFO", "1")
+    assert kres.defines() == ("-lineinfo",)
+    monkeypatch.setenv("DHISPARSE_RESOLVER_TRACE", "1")
+    assert kres.defines() == ("-DRESOLVER_TRACE", "-lineinfo")
+    monkeypatch.setenv("DHISPARSE_RESOLVER_LINEINFO", "yes")
+    with pytest.raises(InvalidArgument, match="DHISPARSE_RESOLVER_LINEINFO='yes' must be 0 or 1"):
+        kres.defines()
