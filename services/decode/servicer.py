@@ -32,11 +32,23 @@ def generate_spec(request: pb.GenerateRequest) -> GenerateSpec:
     if prompt and request.prefix_id:
         raise InvalidArgument(f"request {rid!r}: give prompt_tokens or prefix_id="
                               f"{request.prefix_id!r}, not both")
-    spec = request.speculation
+    spec, sampling = request.speculation, request.sampling
     block = spec.block if spec.enabled else 1
-    return GenerateSpec(rid, request.max_new_tokens, prompt=prompt or None,
-                        prefix_id=request.prefix_id, spec_block=block,
-                        seed=request.sampling.seed)
+    mode = MODES.get(spec.mode)
+    if mode is None and spec.mode:
+        raise InvalidArgument(f"speculation.mode={spec.mode}: unknown (expected one of "
+                              f"{sorted(pb.SpeculationSettings.Mode.keys())})")
+    return GenerateSpec(
+        rid, request.max_new_tokens, prompt=prompt or None, prefix_id=request.prefix_id,
+        spec_block=block, seed=sampling.seed,
+        temperature=sampling.temperature if sampling.HasField("temperature") else None,
+        spec_mode=mode if spec.enabled else None,
+        confidence_threshold=(spec.confidence_threshold
+                              if spec.enabled and spec.HasField("confidence_threshold") else None))
+
+
+# the engine's names of the speculation modes (MODE_UNSPECIFIED: the worker's)
+MODES = {pb.SpeculationSettings.FIXED: "fixed", pb.SpeculationSettings.CONFIDENCE: "confidence"}
 
 
 class DecodeServicer(decode_pb2_grpc.DecodeServicer):

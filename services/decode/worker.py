@@ -27,7 +27,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
@@ -270,8 +270,7 @@ class DecodeWorker:
             raise errors.InvalidArgument(f"request_id={client_id!r} is already in flight on "
                                          f"worker {self.worker_id}")
         self._check_fits(spec)
-        inner = GenerateSpec(self._engine_id(client_id), spec.max_new_tokens, spec.prompt,
-                             spec.prefix_id, spec.spec_block, spec.seed)
+        inner = replace(spec, request_id=self._engine_id(client_id))
         stream.run = self.engine.submit(inner, on_tokens=self._on_tokens,
                                         on_finish=self._on_finish)
         self._streams[inner.request_id] = stream

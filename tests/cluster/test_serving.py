@@ -104,6 +104,12 @@ def test_metrics_of_every_service_match_the_workload(cluster) -> None:
           speculation=pb.SpeculationSettings(enabled=True, block=4)),
      "INVALID_ARGUMENT", "exceeds K_max=1"),
     (dict(prompt_tokens=[1, 99], max_new_tokens=4), "INVALID_ARGUMENT", "0..63"),
+    (dict(prompt_tokens=[1, 2, 3], max_new_tokens=4,
+          sampling=pb.SamplingSettings(temperature=0.5)),
+     "INVALID_ARGUMENT", "this worker samples at temperature=0.0"),
+    (dict(prompt_tokens=[1, 2, 3], max_new_tokens=4,
+          speculation=pb.SpeculationSettings(enabled=True, mode=5)),
+     "INVALID_ARGUMENT", "speculation.mode=5: unknown"),
 ])
 def test_bad_generate_inputs_get_clear_status_codes(cluster, request_kw, code, needle) -> None:
     import grpc as g

@@ -78,3 +78,25 @@ def test_a_missing_command_body_exits_non_zero_with_one_line() -> None:
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert lines == ["dhisparse later: not implemented yet "
                      "(services.no_such_module:command is missing)"]
+
+
+def test_generate_request_maps_unset_settings_to_the_workers_and_set_ones_through() -> None:
+    """Unset temperature / mode / threshold reach the engine as None (the worker's); set ones
+    (float32 on the wire) pass through; the mode and threshold only with speculation on."""
+    from services.common.gen.dhisparse.v1 import decode_pb2 as pb
+    from services.decode.servicer import generate_spec
+
+    plain = generate_spec(pb.GenerateRequest(request_id="a", prompt_tokens=[1], max_new_tokens=2))
+    assert (plain.temperature, plain.spec_mode, plain.confidence_threshold) == (None, None, None)
+    greedy = pb.GenerateRequest(request_id="b", prompt_tokens=[1], max_new_tokens=2,
+                                sampling=pb.SamplingSettings(temperature=0.0))
+    assert generate_spec(greedy).temperature == 0.0  # set to 0: restated, not "unset"
+    spec = pb.SpeculationSettings(enabled=True, mode=pb.SpeculationSettings.CONFIDENCE,
+                                  confidence_threshold=0.3)
+    got = generate_spec(pb.GenerateRequest(request_id="c", prompt_tokens=[1], max_new_tokens=2,
+                                           speculation=spec))
+    assert got.spec_mode == "confidence" and abs(got.confidence_threshold - 0.3) < 1e-7
+    spec.enabled = False
+    off = generate_spec(pb.GenerateRequest(request_id="d", prompt_tokens=[1], max_new_tokens=2,
+                                           speculation=spec))
+    assert (off.spec_block, off.spec_mode, off.confidence_threshold) == (1, None, None)

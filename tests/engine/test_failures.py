@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from services.common.errors import ResourceExhausted
+import re
+
+import pytest
+
+from services.common.errors import InvalidArgument, ResourceExhausted
 from services.decode.engine.engine import Engine
 from services.decode.engine.request import GenerateSpec
 from services.decode.hierarchy import InProcessBackingProvider
@@ -144,3 +148,32 @@ def test_a_request_with_nothing_left_to_emit_runs_no_round() -> None:
     engine.run_until_idle()
     assert [len(r.output) for r in engine.finished] == [1]
     assert engine.stats.rounds == 0 and engine.stats.round_tokens == 0
+
+
+def test_worker_wide_sampling_and_speculation_settings_are_restated_or_refused() -> None:
+    """temperature, the speculation mode and the confidence threshold hold for the whole
+    batch: a request may restate the engine's (a client's float32 0.3 included), another
+    value is refused naming both, and nothing changes."""
+    engine = Engine(pressured("adaptive-spec", "glm", pages=400, temperature=0.8, seed=1,
+                              spec_mode="confidence"))
+    p = prompts(1)[0]
+    f32 = 0.30000001192092896  # 0.3 as a protobuf float arrives
+    engine.submit(GenerateSpec("same", 3, prompt=p, temperature=0.800000011920929,
+                               spec_mode="confidence", confidence_threshold=f32))
+    bad = [
+        (dict(temperature=0.0), "temperature=0.0: this worker samples at temperature=0.8"),
+        (dict(spec_mode="fixed"), "mode='fixed': this worker speculates in mode 'confidence'"),
+        (dict(confidence_threshold=0.5), "confidence_threshold=0.5: this worker speculates "
+                                         "with confidence_threshold=0.3"),
+    ]
+    for kw, message in bad:
+        with pytest.raises(InvalidArgument, match=re.escape(message)):
+            engine.submit(GenerateSpec("other", 3, prompt=p, **kw))
+    # speculation off for the request: the mode and threshold do not apply to it
+    engine.submit(GenerateSpec("plain", 3, prompt=p, spec_block=1, spec_mode="fixed",
+                               confidence_threshold=0.5))
+    engine.run_until_idle()
+    assert sorted(r.request_id for r in engine.finished) == ["plain", "same"]
+    fixed = Engine(pressured("adaptive-spec", "glm", pages=400, spec_mode="fixed"))
+    with pytest.raises(InvalidArgument, match="with mode 'fixed', no confidence threshold"):
+        fixed.submit(GenerateSpec("t", 3, prompt=p, confidence_threshold=0.3))

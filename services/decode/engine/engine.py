@@ -24,6 +24,7 @@ Time is wall-clock (``clock``); tokens are emitted with their timestamps.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -99,6 +100,28 @@ class Engine:
         self.prefixes[prefix_id] = prefix
         return prefix
 
+    def _check_worker_settings(self, spec: GenerateSpec) -> None:
+        """A request may restate the engine's sampling and speculation settings, not change
+        them (they hold for the whole batch)."""
+        cfg = self.config
+        if spec.temperature is not None and not _same_f32(spec.temperature, cfg.temperature):
+            raise InvalidArgument(
+                f"temperature={spec.temperature}: this worker samples at temperature="
+                f"{cfg.temperature} (a worker-wide setting: --temperature)")
+        speculative = self.drafter is not None and spec.spec_block != 1
+        if spec.spec_mode is not None and speculative and spec.spec_mode != cfg.spec_mode:
+            raise InvalidArgument(
+                f"speculation mode={spec.spec_mode!r}: this worker speculates in mode "
+                f"{cfg.spec_mode!r} (a worker-wide setting: --spec-mode)")
+        if spec.confidence_threshold is not None and speculative:
+            own = self.drafter.cfg.threshold
+            if cfg.spec_mode != "confidence" or not _same_f32(spec.confidence_threshold, own):
+                have = (f"confidence_threshold={own}" if cfg.spec_mode == "confidence"
+                        else f"mode {cfg.spec_mode!r}, no confidence threshold")
+                raise InvalidArgument(
+                    f"confidence_threshold={spec.confidence_threshold}: this worker "
+                    f"speculates with {have} (a worker-wide setting)")
+
     def submit(self, spec: GenerateSpec,
                on_tokens: Callable[[RequestRun, list[int], float], None] | None = None,
                on_finish: Callable[[RequestRun], None] | None = None) -> RequestRun:
@@ -114,6 +137,7 @@ class Engine:
                            f"(known: {sorted(self.prefixes)})")
         if spec.spec_block > cfg.k_max:
             raise InvalidArgument(f"spec_block={spec.spec_block} exceeds K_max={cfg.k_max}")
+        self._check_worker_settings(spec)
         prompt_len = (len(spec.prompt) if spec.prompt is not None
                       else self.prefixes[spec.prefix_id].length)
         if prompt_len + spec.max_new_tokens + cfg.k_max > cfg.max_context:
@@ -425,3 +449,13 @@ class Engine:
         if self.drafter is not None:
             self.drafter.rollback(run.slot, n_new)
         run.committed = n_new
+
+
+def _same_f32(a: float, b: float) -> bool:
+    """Equal as the wire's float32 (a client's 0.3 arrives as 0.30000001192...)."""
+    def f32(x: float) -> float:
+        try:
+            return struct.unpack("f", struct.pack("f", x))[0]
+        except OverflowError:  # beyond float32: compared as given
+            return x
+    return f32(a) == f32(b)

@@ -24,6 +24,9 @@ class GenerateSpec:
     ``spec_block`` caps the round's K_r (anchor included): 1 turns speculation off for the
     request, 0 means the engine's K_max. A value above K_max is refused (a non-speculative
     engine has K_max = 1: asking it for a block of 4 is an error, not a silent downgrade).
+    ``temperature``, ``spec_mode`` and ``confidence_threshold`` are the engine's (worker-wide
+    settings): None takes the engine's, a request restating them is served, one asking for
+    other values is refused, also not silently downgraded.
     """
 
     request_id: str
@@ -32,6 +35,9 @@ class GenerateSpec:
     prefix_id: str = ""
     spec_block: int = 0
     seed: int = 0
+    temperature: float | None = None
+    spec_mode: str | None = None
+    confidence_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id:

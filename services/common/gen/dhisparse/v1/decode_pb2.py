@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64hisparse/v1/decode.proto\x12\x0c\x64hisparse.v1\"\xc2\x01\n\x13SpeculationSettings\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x34\n\x04mode\x18\x02 \x01(\x0e\x32&.dhisparse.v1.SpeculationSettings.Mode\x12\r\n\x05\x62lock\x18\x03 \x01(\r\x12\x1c\n\x14\x63onfidence_threshold\x18\x04 \x01(\x02\"7\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\t\n\x05\x46IXED\x10\x01\x12\x0e\n\nCONFIDENCE\x10\x02\"5\n\x10SamplingSettings\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x0c\n\x04seed\x18\x02 \x01(\x04\"\xd1\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\r\x12\x11\n\tprefix_id\x18\x03 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\r\x12\x36\n\x0bspeculation\x18\x05 \x01(\x0b\x32!.dhisparse.v1.SpeculationSettings\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.dhisparse.v1.SamplingSettings\"L\n\nTokenEvent\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0e\n\x06time_s\x18\x03 \x01(\x01\x12\r\n\x05round\x18\x04 \x01(\r\"\xf5\x01\n\x10GenerateResponse\x12(\n\x06tokens\x18\x01 \x03(\x0b\x32\x18.dhisparse.v1.TokenEvent\x12\x42\n\rfinish_reason\x18\x02 \x01(\x0e\x32+.dhisparse.v1.GenerateResponse.FinishReason\x12\x0e\n\x06ttft_s\x18\x03 \x01(\x01\x12\x18\n\x10\x61\x64mission_wait_s\x18\x04 \x01(\x01\x12\x11\n\tworker_id\x18\x05 \x01(\t\"6\n\x0c\x46inishReason\x12\x10\n\x0cNOT_FINISHED\x10\x00\x12\n\n\x06LENGTH\x10\x01\x12\x08\n\x04STOP\x10\x02\"\x12\n\x10GetStatusRequest\"\x9a\x02\n\x11GetStatusResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x17\n\x0f\x61\x63tive_requests\x18\x03 \x01(\r\x12\x18\n\x10waiting_requests\x18\x04 \x01(\r\x12\x16\n\x0e\x63\x61pacity_pages\x18\x05 \x01(\x04\x12\x16\n\x0erequired_pages\x18\x06 \x01(\x04\x12\x16\n\x0eoptional_pages\x18\x07 \x01(\x04\x12\x12\n\nfree_pages\x18\x08 \x01(\x04\x12\x10\n\x08\x63overage\x18\t \x01(\x01\x12\x15\n\routput_tokens\x18\n \x01(\x04\x12\x18\n\x10host_fetch_share\x18\x0b \x01(\x01\x12\x10\n\x08prefixes\x18\x0c \x03(\t2\xa3\x01\n\x06\x44\x65\x63ode\x12K\n\x08Generate\x12\x1d.dhisparse.v1.GenerateRequest\x1a\x1e.dhisparse.v1.GenerateResponse0\x01\x12L\n\tGetStatus\x12\x1e.dhisparse.v1.GetStatusRequest\x1a\x1f.dhisparse.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64hisparse/v1/decode.proto\x12\x0c\x64hisparse.v1\"\xe0\x01\n\x13SpeculationSettings\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x34\n\x04mode\x18\x02 \x01(\x0e\x32&.dhisparse.v1.SpeculationSettings.Mode\x12\r\n\x05\x62lock\x18\x03 \x01(\r\x12!\n\x14\x63onfidence_threshold\x18\x04 \x01(\x02H\x00\x88\x01\x01\"7\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\t\n\x05\x46IXED\x10\x01\x12\x0e\n\nCONFIDENCE\x10\x02\x42\x17\n\x15_confidence_threshold\"J\n\x10SamplingSettings\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x42\x0e\n\x0c_temperature\"\xd1\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\r\x12\x11\n\tprefix_id\x18\x03 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\r\x12\x36\n\x0bspeculation\x18\x05 \x01(\x0b\x32!.dhisparse.v1.SpeculationSettings\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.dhisparse.v1.SamplingSettings\"L\n\nTokenEvent\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0e\n\x06time_s\x18\x03 \x01(\x01\x12\r\n\x05round\x18\x04 \x01(\r\"\xf5\x01\n\x10GenerateResponse\x12(\n\x06tokens\x18\x01 \x03(\x0b\x32\x18.dhisparse.v1.TokenEvent\x12\x42\n\rfinish_reason\x18\x02 \x01(\x0e\x32+.dhisparse.v1.GenerateResponse.FinishReason\x12\x0e\n\x06ttft_s\x18\x03 \x01(\x01\x12\x18\n\x10\x61\x64mission_wait_s\x18\x04 \x01(\x01\x12\x11\n\tworker_id\x18\x05 \x01(\t\"6\n\x0c\x46inishReason\x12\x10\n\x0cNOT_FINISHED\x10\x00\x12\n\n\x06LENGTH\x10\x01\x12\x08\n\x04STOP\x10\x02\"\x12\n\x10GetStatusRequest\"\x9a\x02\n\x11GetStatusResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x17\n\x0f\x61\x63tive_requests\x18\x03 \x01(\r\x12\x18\n\x10waiting_requests\x18\x04 \x01(\r\x12\x16\n\x0e\x63\x61pacity_pages\x18\x05 \x01(\x04\x12\x16\n\x0erequired_pages\x18\x06 \x01(\x04\x12\x16\n\x0eoptional_pages\x18\x07 \x01(\x04\x12\x12\n\nfree_pages\x18\x08 \x01(\x04\x12\x10\n\x08\x63overage\x18\t \x01(\x01\x12\x15\n\routput_tokens\x18\n \x01(\x04\x12\x18\n\x10host_fetch_share\x18\x0b \x01(\x01\x12\x10\n\x08prefixes\x18\x0c \x03(\t2\xa3\x01\n\x06\x44\x65\x63ode\x12K\n\x08Generate\x12\x1d.dhisparse.v1.GenerateRequest\x1a\x1e.dhisparse.v1.GenerateResponse0\x01\x12L\n\tGetStatus\x12\x1e.dhisparse.v1.GetStatusRequest\x1a\x1f.dhisparse.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,23 +33,23 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dhisparse.v1.decode_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SPECULATIONSETTINGS']._serialized_start=44
-  _globals['_SPECULATIONSETTINGS']._serialized_end=238
-  _globals['_SPECULATIONSETTINGS_MODE']._serialized_start=183
-  _globals['_SPECULATIONSETTINGS_MODE']._serialized_end=238
-  _globals['_SAMPLINGSETTINGS']._serialized_start=240
-  _globals['_SAMPLINGSETTINGS']._serialized_end=293
-  _globals['_GENERATEREQUEST']._serialized_start=296
-  _globals['_GENERATEREQUEST']._serialized_end=505
-  _globals['_TOKENEVENT']._serialized_start=507
-  _globals['_TOKENEVENT']._serialized_end=583
-  _globals['_GENERATERESPONSE']._serialized_start=586
-  _globals['_GENERATERESPONSE']._serialized_end=831
-  _globals['_GENERATERESPONSE_FINISHREASON']._serialized_start=777
-  _globals['_GENERATERESPONSE_FINISHREASON']._serialized_end=831
-  _globals['_GETSTATUSREQUEST']._serialized_start=833
-  _globals['_GETSTATUSREQUEST']._serialized_end=851
-  _globals['_GETSTATUSRESPONSE']._serialized_start=854
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1136
-  _globals['_DECODE']._serialized_start=1139
-  _globals['_DECODE']._serialized_end=1302
+  _globals['_SPECULATIONSETTINGS']._serialized_end=268
+  _globals['_SPECULATIONSETTINGS_MODE']._serialized_start=188
+  _globals['_SPECULATIONSETTINGS_MODE']._serialized_end=243
+  _globals['_SAMPLINGSETTINGS']._serialized_start=270
+  _globals['_SAMPLINGSETTINGS']._serialized_end=344
+  _globals['_GENERATEREQUEST']._serialized_start=347
+  _globals['_GENERATEREQUEST']._serialized_end=556
+  _globals['_TOKENEVENT']._serialized_start=558
+  _globals['_TOKENEVENT']._serialized_end=634
+  _globals['_GENERATERESPONSE']._serialized_start=637
+  _globals['_GENERATERESPONSE']._serialized_end=882
+  _globals['_GENERATERESPONSE_FINISHREASON']._serialized_start=828
+  _globals['_GENERATERESPONSE_FINISHREASON']._serialized_end=882
+  _globals['_GETSTATUSREQUEST']._serialized_start=884
+  _globals['_GETSTATUSREQUEST']._serialized_end=902
+  _globals['_GETSTATUSRESPONSE']._serialized_start=905
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1187
+  _globals['_DECODE']._serialized_start=1190
+  _globals['_DECODE']._serialized_end=1353
 # @@protoc_insertion_point(module_scope)
