@@ -94,9 +94,8 @@ def make_prompt(rng: random.Random, settings: LoadSettings) -> list[int]:
 
 async def _one(stub: decode_pb2_grpc.DecodeStub, request_id: str, prompt: Sequence[int],
                settings: LoadSettings) -> RequestResult:
-    spec = decode_pb2.SpeculationSettings(
-        enabled=settings.speculation, block=settings.spec_block,
-        mode=decode_pb2.SpeculationSettings.FIXED)
+    # the mode is the worker's (MODE_UNSPECIFIED): a worker refuses a request asking another
+    spec = decode_pb2.SpeculationSettings(enabled=settings.speculation, block=settings.spec_block)
     req = decode_pb2.GenerateRequest(
         request_id=request_id, prompt_tokens=[] if settings.prefix_id else list(prompt),
         prefix_id=settings.prefix_id, max_new_tokens=settings.output_len, speculation=spec)
