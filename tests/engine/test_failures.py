@@ -177,3 +177,14 @@ def test_worker_wide_sampling_and_speculation_settings_are_restated_or_refused()
     fixed = Engine(pressured("adaptive-spec", "glm", pages=400, spec_mode="fixed"))
     with pytest.raises(InvalidArgument, match="with mode 'fixed', no confidence threshold"):
         fixed.submit(GenerateSpec("t", 3, prompt=p, confidence_threshold=0.3))
+
+
+def test_a_speculative_policy_with_blocks_of_one_does_not_refuse_speculation_settings() -> None:
+    """K_max = 1 on a speculative policy drafts nothing: like a plain worker, it serves a
+    request whatever speculation mode or threshold it names (found by a review)."""
+    engine = Engine(pressured("adaptive-spec", "glm", pages=400, spec_block=1,
+                              spec_mode="fixed"))
+    engine.submit(GenerateSpec("c", 3, prompt=prompts(1)[0], spec_mode="confidence",
+                               confidence_threshold=0.5))
+    engine.run_until_idle()
+    assert [r.request_id for r in engine.finished] == ["c"]

@@ -108,7 +108,8 @@ class Engine:
             raise InvalidArgument(
                 f"temperature={spec.temperature}: this worker samples at temperature="
                 f"{cfg.temperature} (a worker-wide setting: --temperature)")
-        speculative = self.drafter is not None and spec.spec_block != 1
+        # as the rounds cap K_r: a block of 1 (the request's or the engine's K_max) never drafts
+        speculative = self.drafter is not None and min(cfg.k_max, spec.spec_block or cfg.k_max) > 1
         if spec.spec_mode is not None and speculative and spec.spec_mode != cfg.spec_mode:
             raise InvalidArgument(
                 f"speculation mode={spec.spec_mode!r}: this worker speculates in mode "
