@@ -62,6 +62,8 @@ class RemoteTicket:
     error: errors.DHiSparseError | None = None
     call: grpc.Future | None = None
     withdrawn: bool = False
+    retries: int = 0
+    last_code: str = ""   # of the last failed attempt (logged when it changes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +213,9 @@ class RemoteAdmission:
                     self._live[ticket.request_id] = ticket
                     ticket.grant = grant
                     ticket.state = TicketState.GRANTED
+            if ticket.retries:
+                log.info("admission of %s granted after %d retries (kept: %s)",
+                         ticket.request_id, ticket.retries, keep)
             if not keep:
                 self._releases.put(ticket.request_id)      # granted at the last instant
             return
@@ -220,6 +225,11 @@ class RemoteAdmission:
         if code in RETRY_CODES and time.monotonic() < ticket.deadline:
             # The controller is down, or restarted and does not know this worker yet (the
             # session re-registers it): try again shortly.
+            ticket.retries += 1
+            if code.name != ticket.last_code:   # one line per change, not per attempt
+                ticket.last_code = code.name
+                log.info("admission of %s: %s (%s), retrying", ticket.request_id, code.name,
+                         exc.details() if isinstance(exc, grpc.Call) else exc)
             timer = threading.Timer(0.2, self._call_admit, (ticket,))
             timer.daemon = True
             timer.start()

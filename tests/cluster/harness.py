@@ -154,3 +154,14 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def log_lines(cluster: Cluster, *needles: str, limit: int = 60) -> str:
+    """Every process log's lines naming one of ``needles`` (request ids), plus its warnings:
+    what a failing chaos test prints, so a CI failure shows the cluster's side of it."""
+    out = []
+    for path in sorted((cluster.plan.state_dir / "logs").glob("*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if any(n in line for n in needles) or " WARNING " in line or " ERROR " in line:
+                out.append(f"{path.stem}: {line}")
+    return "\n".join(out[-limit:])
