@@ -185,6 +185,14 @@ class RemoteAdmission:
 
     # -- Admit ------------------------------------------------------------------------------
     def _call_admit(self, ticket: RemoteTicket) -> None:
+        try:
+            self._send_admit(ticket)
+        except Exception as exc:   # e.g. from a retry timer's thread: fail it, never strand it
+            log.exception("admission of %s: sending its Admit failed", ticket.request_id)
+            self._fail(ticket, errors.Unavailable(
+                f"admission of {ticket.request_id} failed in this worker: {exc!r}"))
+
+    def _send_admit(self, ticket: RemoteTicket) -> None:
         remaining = ticket.deadline - time.monotonic()
         if remaining <= 0:
             self._fail(ticket, errors.DeadlineExceeded(
@@ -199,6 +207,17 @@ class RemoteAdmission:
         ticket.call.add_done_callback(lambda call: self._admitted(ticket, call))
 
     def _admitted(self, ticket: RemoteTicket, call: grpc.Future) -> None:
+        """Admit's done callback (a gRPC thread). Whatever goes wrong in here, the ticket
+        ends granted, retried or failed: an exception escaping to gRPC would leave the
+        request waiting for nothing until its client's deadline."""
+        try:
+            self._resolve_admit(ticket, call)
+        except Exception as exc:
+            log.exception("admission of %s: resolving its Admit failed", ticket.request_id)
+            self._fail(ticket, errors.Unavailable(
+                f"admission of {ticket.request_id} failed in this worker: {exc!r}"))
+
+    def _resolve_admit(self, ticket: RemoteTicket, call: grpc.Future) -> None:
         if call.cancelled():
             return
         exc = call.exception()
@@ -241,12 +260,13 @@ class RemoteAdmission:
             # a no-op there.
             self._releases.put(ticket.request_id)
         err = domain_error(exc)
+        details = exc.details() if isinstance(exc, grpc.Call) else repr(exc)
         if code is grpc.StatusCode.DEADLINE_EXCEEDED:
             err = errors.DeadlineExceeded(
                 f"request {ticket.request_id}: not admitted within the admission deadline of "
-                f"{self.admit_timeout_s:.0f}s ({exc.details()})")
+                f"{self.admit_timeout_s:.0f}s ({details})")
         else:
-            err = type(err)(f"admission of {ticket.request_id}: {code.name}: {exc.details()}")
+            err = type(err)(f"admission of {ticket.request_id}: {code.name}: {details}")
         self._fail(ticket, err)
 
     def _fail(self, ticket: RemoteTicket, err: errors.DHiSparseError) -> None:

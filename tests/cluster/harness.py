@@ -162,6 +162,7 @@ def log_lines(cluster: Cluster, *needles: str, limit: int = 60) -> str:
     out = []
     for path in sorted((cluster.plan.state_dir / "logs").glob("*.log")):
         for line in path.read_text(errors="replace").splitlines():
-            if any(n in line for n in needles) or " WARNING " in line or " ERROR " in line:
+            if any(n in line for n in needles) or any(
+                    m in line for m in (" WARNING ", " ERROR ", "Traceback", "Exception")):
                 out.append(f"{path.stem}: {line}")
     return "\n".join(out[-limit:])

@@ -118,3 +118,51 @@ def test_a_failed_admit_that_may_have_been_granted_is_released(code_name: str) -
         assert released == ([] if code_name == "INVALID_ARGUMENT" else ["r"])
     finally:
         adm.close()
+
+
+class BrokenCall:
+    """A finished Admit call whose outcome is not a gRPC status (``exception()`` gives a
+    plain exception) or cannot be read at all (``result()`` raises)."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self):
+        return RuntimeError("transport fell over") if self.how == "plain" else None
+
+    def result(self):
+        raise RuntimeError("unreadable reply")
+
+
+@pytest.mark.parametrize("how", ["plain", "unreadable"])
+def test_an_admit_outcome_the_worker_cannot_read_fails_the_ticket(how: str) -> None:
+    """The done callback never leaves a ticket waiting: an exception escaping to gRPC's
+    thread stranded the request until its client's deadline."""
+    adm = RemoteAdmission("127.0.0.1:1", WorkerPool("w", "x", 10, 0, 2, 8, 8), lambda live: [])
+    try:
+        ticket = RemoteTicket("r", 1, 0, time.monotonic() + 5)
+        adm._pending["r"] = ticket
+        adm._admitted(ticket, BrokenCall(how))
+        assert ticket.state is TicketState.CANCELLED and ticket.error is not None
+        assert "r" not in adm._pending and "r" not in adm._live
+    finally:
+        adm.close()
+
+
+def test_an_admit_that_cannot_be_sent_fails_the_ticket(monkeypatch) -> None:
+    """A retry runs on a timer thread: an exception sending the Admit fails the ticket
+    instead of dying with the thread."""
+    adm = RemoteAdmission("127.0.0.1:1", WorkerPool("w", "x", 10, 0, 2, 8, 8), lambda live: [])
+    try:
+        def boom(*a, **kw):
+            raise ValueError("channel closed")
+
+        monkeypatch.setattr(adm._stub.Admit, "future", boom, raising=False)
+        ticket = adm.admit("r", 1, 0)
+        assert ticket.state is TicketState.CANCELLED and "channel closed" in str(ticket.error)
+        assert adm.waiting == 0
+    finally:
+        adm.close()
