@@ -9,7 +9,6 @@ of ``services.decode.hierarchy.resolve`` / ``apply_copies`` over a ``SourceGroup
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +27,17 @@ from ._loader import (
     sm_count,
     vec_width,
 )
+from .resolver_settings import (  # re-exported: the wrappers' settings live there
+    MAX_COMMIT_PARTS,
+    MAX_COPY_BLOCKS,
+    VICTIM_SELECT,
+    commit_parts_rule,
+    default_commit_parts,
+    default_copy_blocks,
+    default_select,
+    defines,
+    lookup_blocks,
+)
 
 T_COLS, S_COLS, TOT_COLS = 9, 10, 9  # table / summary / totals columns (resolver_common.cuh enums)
 S_U, S_M, S_NV = 1, 2, 3
@@ -36,29 +46,11 @@ ST_SELECTION, ST_NOT_RESIDENT, ST_STAGING = 1 | 2 | 4 | 16, 8, 32
 LOOKUP_THREADS, COMMIT_THREADS = 1024, 512
 SORT_N = 4096  # resolver_lookup.cu: B <= 4096 sorts in registers; larger B in shared memory
 COPY_BLOCKS_PER_SM = 2  # __launch_bounds__(512, 2): 64 registers (52 B spill, ptxas -v)
-MAX_COPY_BLOCKS = 1 << 16  # DHISPARSE_COPY_BLOCKS / copy_blocks
-MAX_COMMIT_PARTS = 8  # DHISPARSE_COMMIT_PARTS / commit(parts=)
 MAX_BATCH, MAX_ENTRIES, MAX_SLOTS = (
     1024,
     65535,
     1 << 20,
 )  # resolver kernels: MAXB, u16 ranks, 20-bit slot keys
-
-
-VICTIM_SELECT = {"sort": 0, "radix": 1}
-
-
-def default_select() -> str:
-    """Victim ordering of ``lookup``: ``DHISPARSE_VICTIM_SELECT`` (radix | sort), default
-    radix. The register bitonic sort of 4096 keys costs ~20 us more at batch 1 and 20% misses
-    (H200, 612df49: 72.6 vs 52.3 us per call); an already sorted cache (cold: stamps 0,
-    slot order) skips it after one check either way."""
-    value = os.environ.get("DHISPARSE_VICTIM_SELECT", "radix")
-    if value not in VICTIM_SELECT:
-        raise InvalidArgument(
-            f"DHISPARSE_VICTIM_SELECT={value!r} must be one of {sorted(VICTIM_SELECT)}"
-        )
-    return value
 
 
 def sort_size(hot_slots: int) -> int:
@@ -70,36 +62,6 @@ def sort_size(hot_slots: int) -> int:
 def bitmap_words(rows_bound: int) -> int:
     """32-bit words of a shared bitmap over source rows ``[0, rows_bound)``."""
     return max(1, -(-rows_bound // 32))
-
-
-LOOKUP_BLOCKS = ("auto", "1", "2")
-
-
-def defines() -> tuple[str, ...]:
-    """Compile-time variant of the resolver kernels: ``DHISPARSE_RESOLVER_TRACE=1`` builds the phase
-    trace in (``bench/resolver/trace.py`` reads it); same results, a few stores more.
-    ``DHISPARSE_RESOLVER_LINEINFO=1`` adds source line info for a profiler (same code)."""
-    out: list[str] = []
-    for var, flag in (("DHISPARSE_RESOLVER_TRACE", "-DRESOLVER_TRACE"),
-                      ("DHISPARSE_RESOLVER_LINEINFO", "-lineinfo")):
-        value = os.environ.get(var, "0")
-        if value not in ("0", "1"):
-            raise InvalidArgument(f"{var}={value!r} must be 0 or 1")
-        if value == "1":
-            out.append(flag)
-    return tuple(out)
-
-
-def lookup_blocks(batch: int, device: int) -> int:
-    """Lookup blocks per SM: ``DHISPARSE_LOOKUP_BLOCKS`` (auto | 1 | 2), default auto = 2 when
-    the batch exceeds the SM count (one wave instead of two; 32 registers and 2 loads in
-    flight per thread instead of 64 and 4), else 1. Same results either way."""
-    value = os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto")
-    if value not in LOOKUP_BLOCKS:
-        raise InvalidArgument(f"DHISPARSE_LOOKUP_BLOCKS={value!r} must be one of {LOOKUP_BLOCKS}")
-    if value == "auto":
-        return 2 if batch > sm_count(device) else 1
-    return int(value)
 
 
 @dataclass(slots=True)
@@ -363,36 +325,6 @@ def commit(
         launch_dependent(fn, (grid,), (COMMIT_THREADS,), args)
     else:
         launch(fn, (grid,), (COMMIT_THREADS,), args)
-
-
-def default_commit_parts() -> int:
-    """Commit blocks per request (``commit``'s ``parts``): ``DHISPARSE_COMMIT_PARTS`` = an
-    integer in [1, MAX_COMMIT_PARTS], or auto (0: ``commit_parts_rule``)."""
-    value = os.environ.get("DHISPARSE_COMMIT_PARTS", "auto")
-    if value == "auto":
-        return 0
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_COMMIT_PARTS:
-        raise InvalidArgument(f"DHISPARSE_COMMIT_PARTS={value!r} must be auto or an integer "
-                              f"in [1, {MAX_COMMIT_PARTS}]")
-    return int(value)
-
-
-def commit_parts_rule(batch: int, sms: int) -> int:
-    """As many commit blocks per request as keep the commit blocks within one per SM (4 at
-    most; 1 once the batch alone fills the SMs)."""
-    return max(1, min(4, sms // max(batch, 1)))
-
-
-def default_copy_blocks() -> int:
-    """Copy blocks of ``commit``: ``DHISPARSE_COPY_BLOCKS`` = an integer >= 1, or auto (0:
-    the kernel's rule, see ``commit``)."""
-    value = os.environ.get("DHISPARSE_COPY_BLOCKS", "auto")
-    if value == "auto":
-        return 0
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_COPY_BLOCKS:
-        raise InvalidArgument(
-            f"DHISPARSE_COPY_BLOCKS={value!r} must be auto or an integer in [1, {MAX_COPY_BLOCKS}]")
-    return int(value)
 
 
 def plan_copy(

@@ -188,9 +188,7 @@ class RemoteAdmission:
         try:
             self._send_admit(ticket)
         except Exception as exc:   # e.g. from a retry timer's thread: fail it, never strand it
-            log.exception("admission of %s: sending its Admit failed", ticket.request_id)
-            self._fail(ticket, errors.Unavailable(
-                f"admission of {ticket.request_id} failed in this worker: {exc!r}"))
+            self._fail_here(ticket, "sending its Admit", exc)
 
     def _send_admit(self, ticket: RemoteTicket) -> None:
         remaining = ticket.deadline - time.monotonic()
@@ -213,9 +211,7 @@ class RemoteAdmission:
         try:
             self._resolve_admit(ticket, call)
         except Exception as exc:
-            log.exception("admission of %s: resolving its Admit failed", ticket.request_id)
-            self._fail(ticket, errors.Unavailable(
-                f"admission of {ticket.request_id} failed in this worker: {exc!r}"))
+            self._fail_here(ticket, "resolving its Admit", exc)
 
     def _resolve_admit(self, ticket: RemoteTicket, call: grpc.Future) -> None:
         if call.cancelled():
@@ -241,6 +237,7 @@ class RemoteAdmission:
         if ticket.withdrawn or self._stop.is_set():
             return
         code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
+        details = exc.details() if isinstance(exc, grpc.Call) else repr(exc)
         if code in RETRY_CODES and time.monotonic() < ticket.deadline:
             # The controller is down, or restarted and does not know this worker yet (the
             # session re-registers it): try again shortly.
@@ -248,7 +245,7 @@ class RemoteAdmission:
             if code.name != ticket.last_code:   # one line per change, not per attempt
                 ticket.last_code = code.name
                 log.info("admission of %s: %s (%s), retrying", ticket.request_id, code.name,
-                         exc.details() if isinstance(exc, grpc.Call) else exc)
+                         details)
             timer = threading.Timer(0.2, self._call_admit, (ticket,))
             timer.daemon = True
             timer.start()
@@ -260,7 +257,6 @@ class RemoteAdmission:
             # a no-op there.
             self._releases.put(ticket.request_id)
         err = domain_error(exc)
-        details = exc.details() if isinstance(exc, grpc.Call) else repr(exc)
         if code is grpc.StatusCode.DEADLINE_EXCEEDED:
             err = errors.DeadlineExceeded(
                 f"request {ticket.request_id}: not admitted within the admission deadline of "
@@ -268,6 +264,12 @@ class RemoteAdmission:
         else:
             err = type(err)(f"admission of {ticket.request_id}: {code.name}: {details}")
         self._fail(ticket, err)
+
+    def _fail_here(self, ticket: RemoteTicket, what: str, exc: Exception) -> None:
+        """An unexpected exception in this process while admitting: the request fails."""
+        log.exception("admission of %s: %s failed", ticket.request_id, what)
+        self._fail(ticket, errors.Unavailable(
+            f"admission of {ticket.request_id} failed in this worker: {exc!r}"))
 
     def _fail(self, ticket: RemoteTicket, err: errors.DHiSparseError) -> None:
         with self._lock:

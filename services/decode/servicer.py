@@ -19,6 +19,8 @@ from services.decode.engine.request import GenerateSpec
 from services.decode.worker import DecodeWorker, Finished, TokenBatch
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Decode"].full_name
+# the engine's names of the speculation modes (MODE_UNSPECIFIED: the worker's)
+MODES = {pb.SpeculationSettings.FIXED: "fixed", pb.SpeculationSettings.CONFIDENCE: "confidence"}
 
 
 def generate_spec(request: pb.GenerateRequest) -> GenerateSpec:
@@ -45,10 +47,6 @@ def generate_spec(request: pb.GenerateRequest) -> GenerateSpec:
         spec_mode=mode if spec.enabled else None,
         confidence_threshold=(spec.confidence_threshold
                               if spec.enabled and spec.HasField("confidence_threshold") else None))
-
-
-# the engine's names of the speculation modes (MODE_UNSPECIFIED: the worker's)
-MODES = {pb.SpeculationSettings.FIXED: "fixed", pb.SpeculationSettings.CONFIDENCE: "confidence"}
 
 
 class DecodeServicer(decode_pb2_grpc.DecodeServicer):

@@ -100,6 +100,10 @@ class Engine:
         self.prefixes[prefix_id] = prefix
         return prefix
 
+    def _block_cap(self, spec: GenerateSpec) -> int:
+        """K_r's cap for ``spec``: its block (0 = the engine's K_max), at most K_max."""
+        return min(self.config.k_max, spec.spec_block or self.config.k_max)
+
     def _check_worker_settings(self, spec: GenerateSpec) -> None:
         """A request may restate the engine's sampling and speculation settings, not change
         them (they hold for the whole batch)."""
@@ -108,8 +112,7 @@ class Engine:
             raise InvalidArgument(
                 f"temperature={spec.temperature}: this worker samples at temperature="
                 f"{cfg.temperature} (a worker-wide setting: --temperature)")
-        # as the rounds cap K_r: a block of 1 (the request's or the engine's K_max) never drafts
-        speculative = self.drafter is not None and min(cfg.k_max, spec.spec_block or cfg.k_max) > 1
+        speculative = self.drafter is not None and self._block_cap(spec) > 1  # 1 never drafts
         if spec.spec_mode is not None and speculative and spec.spec_mode != cfg.spec_mode:
             raise InvalidArgument(
                 f"speculation mode={spec.spec_mode!r}: this worker speculates in mode "
@@ -386,8 +389,7 @@ class Engine:
         slots = device_ints([r.slot for r in batch], dev)
         n = device_ints([r.committed for r in batch], dev)
         if self.drafter is not None:
-            caps = [max(1, min(self.config.k_max, r.spec.spec_block or self.config.k_max,
-                               r.remaining)) for r in batch]
+            caps = [max(1, min(self._block_cap(r.spec), r.remaining)) for r in batch]
             histories = [self._token_buf[r.slot, : r.committed + 1] for r in batch]
             gens = [r.generator for r in batch] if self.config.temperature > 0 else None
             proposal = self.drafter.propose([r.slot for r in batch], histories, caps, gens)
@@ -453,10 +455,7 @@ class Engine:
 
 
 def _same_f32(a: float, b: float) -> bool:
-    """Equal as the wire's float32 (a client's 0.3 arrives as 0.30000001192...)."""
-    def f32(x: float) -> float:
-        try:
-            return struct.unpack("f", struct.pack("f", x))[0]
-        except OverflowError:  # beyond float32: compared as given
-            return x
-    return f32(a) == f32(b)
+    """Equal as the wire's float32 (a client's 0.3 arrives as 0.30000001192...; a value past
+    float32's range packs as inf, as the wire would carry it)."""
+    (fa,), (fb,) = struct.unpack("f", struct.pack("f", a)), struct.unpack("f", struct.pack("f", b))
+    return fa == fb

@@ -1,0 +1,85 @@
+"""The resolver wrappers' settings: environment variables (each refused with an
+InvalidArgument naming it, before any state changes) and the rules their ``auto`` values
+follow. ``kernels.resolver`` re-exports every name here.
+"""
+
+from __future__ import annotations
+
+import os
+
+from services.common.errors import InvalidArgument
+
+from ._loader import sm_count
+
+VICTIM_SELECT = {"sort": 0, "radix": 1}
+LOOKUP_BLOCKS = ("auto", "1", "2")
+MAX_COPY_BLOCKS = 1 << 16  # DHISPARSE_COPY_BLOCKS / copy_blocks
+MAX_COMMIT_PARTS = 8  # DHISPARSE_COMMIT_PARTS / commit(parts=)
+
+
+def default_select() -> str:
+    """Victim ordering of ``lookup``: ``DHISPARSE_VICTIM_SELECT`` (radix | sort), default
+    radix. The register bitonic sort of 4096 keys costs ~20 us more at batch 1 and 20% misses
+    (H200, 612df49: 72.6 vs 52.3 us per call); an already sorted cache (cold: stamps 0,
+    slot order) skips it after one check either way."""
+    value = os.environ.get("DHISPARSE_VICTIM_SELECT", "radix")
+    if value not in VICTIM_SELECT:
+        raise InvalidArgument(
+            f"DHISPARSE_VICTIM_SELECT={value!r} must be one of {sorted(VICTIM_SELECT)}"
+        )
+    return value
+
+
+def defines() -> tuple[str, ...]:
+    """Compile-time variant of the resolver kernels: ``DHISPARSE_RESOLVER_TRACE=1`` builds the phase
+    trace in (``bench/resolver/trace.py`` reads it); same results, a few stores more.
+    ``DHISPARSE_RESOLVER_LINEINFO=1`` adds source line info for a profiler (same code)."""
+    out: list[str] = []
+    for var, flag in (("DHISPARSE_RESOLVER_TRACE", "-DRESOLVER_TRACE"),
+                      ("DHISPARSE_RESOLVER_LINEINFO", "-lineinfo")):
+        value = os.environ.get(var, "0")
+        if value not in ("0", "1"):
+            raise InvalidArgument(f"{var}={value!r} must be 0 or 1")
+        if value == "1":
+            out.append(flag)
+    return tuple(out)
+
+
+def lookup_blocks(batch: int, device: int) -> int:
+    """Lookup blocks per SM: ``DHISPARSE_LOOKUP_BLOCKS`` (auto | 1 | 2), default auto = 2 when
+    the batch exceeds the SM count (one wave instead of two; 32 registers and 2 loads in
+    flight per thread instead of 64 and 4), else 1. Same results either way."""
+    value = os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto")
+    if value not in LOOKUP_BLOCKS:
+        raise InvalidArgument(f"DHISPARSE_LOOKUP_BLOCKS={value!r} must be one of {LOOKUP_BLOCKS}")
+    if value == "auto":
+        return 2 if batch > sm_count(device) else 1
+    return int(value)
+
+
+def _count(var: str, limit: int) -> int:
+    """``var`` = auto (0: the wrapper's rule) or an integer in [1, limit] in ASCII digits."""
+    value = os.environ.get(var, "auto")
+    if value == "auto":
+        return 0
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= limit:
+        raise InvalidArgument(f"{var}={value!r} must be auto or an integer in [1, {limit}]")
+    return int(value)
+
+
+def default_copy_blocks() -> int:
+    """Copy blocks of ``commit``: ``DHISPARSE_COPY_BLOCKS`` = an integer >= 1, or auto (0:
+    the kernel's rule, see ``commit``)."""
+    return _count("DHISPARSE_COPY_BLOCKS", MAX_COPY_BLOCKS)
+
+
+def default_commit_parts() -> int:
+    """Commit blocks per request (``commit``'s ``parts``): ``DHISPARSE_COMMIT_PARTS`` = an
+    integer in [1, MAX_COMMIT_PARTS], or auto (0: ``commit_parts_rule``)."""
+    return _count("DHISPARSE_COMMIT_PARTS", MAX_COMMIT_PARTS)
+
+
+def commit_parts_rule(batch: int, sms: int) -> int:
+    """As many commit blocks per request as keep the commit blocks within one per SM (4 at
+    most; 1 once the batch alone fills the SMs)."""
+    return max(1, min(4, sms // max(batch, 1)))

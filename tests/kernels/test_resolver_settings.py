@@ -1,0 +1,92 @@
+"""The resolver wrappers' settings (``kernels.resolver_settings``) and the dependent-launch
+plumbing of ``kernels._loader``: CPU only, no CUDA needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.errors import InvalidArgument
+
+
+def test_copy_blocks_setting_must_be_ascii_digits(monkeypatch) -> None:
+    from kernels import resolver as kres
+
+    monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", "\u00b2")  # '²' passes str.isdigit()
+    with pytest.raises(InvalidArgument, match="DHISPARSE_COPY_BLOCKS="):
+        kres.default_copy_blocks()
+
+
+def test_copy_blocks_setting_is_validated(monkeypatch) -> None:
+    from kernels import resolver as kres
+
+    monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", "66")
+    assert kres.default_copy_blocks() == 66
+    monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", "auto")
+    assert kres.default_copy_blocks() == 0  # the kernel's rule
+    for bad in ("0", "-3", "many", str(kres.MAX_COPY_BLOCKS + 1)):
+        monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", bad)
+        with pytest.raises(InvalidArgument, match=f"DHISPARSE_COPY_BLOCKS='{bad}' must be"):
+            kres.default_copy_blocks()
+
+
+def test_commit_parts_setting_is_validated_and_the_rule_fills_the_sms(monkeypatch) -> None:
+    from kernels import resolver as kres
+
+    monkeypatch.setenv("DHISPARSE_COMMIT_PARTS", "3")
+    assert kres.default_commit_parts() == 3
+    monkeypatch.setenv("DHISPARSE_COMMIT_PARTS", "auto")
+    assert kres.default_commit_parts() == 0  # commit_parts_rule
+    for bad in ("0", "-1", "two", str(kres.MAX_COMMIT_PARTS + 1)):
+        monkeypatch.setenv("DHISPARSE_COMMIT_PARTS", bad)
+        with pytest.raises(InvalidArgument, match=f"DHISPARSE_COMMIT_PARTS='{bad}' must be"):
+            kres.default_commit_parts()
+    # batch 1..33 on 132 SMs: 4 parts; then fewer, 1 once the batch fills the SMs
+    assert [kres.commit_parts_rule(b, 132) for b in (1, 32, 33, 44, 45, 66, 67, 132, 256)] == [
+        4, 4, 4, 3, 2, 2, 1, 1, 1]
+
+
+def test_dependent_launch_structures_match_cuda_h() -> None:
+    """ctypes mirrors of CUlaunchAttribute / CUlaunchConfig (offsets from cuda.h of CUDA 13:
+    gcc offsetof) and the void** parameter block handed to cuLaunchKernelEx."""
+    import ctypes
+
+    import numpy as np
+
+    from kernels import _loader as ld
+
+    assert ctypes.sizeof(ld._LaunchAttribute) == 72 and ld._LaunchAttribute.value.offset == 8
+    cfg = ld._LaunchConfig
+    assert ctypes.sizeof(cfg) == 56
+    assert [cfg.sharedMemBytes.offset, cfg.hStream.offset, cfg.attrs.offset,
+            cfg.numAttrs.offset] == [24, 32, 40, 48]
+    args = (np.uint64(2**63 + 5), np.int32(-3), np.uint32(7), np.int64(-9))
+    block, _keep = ld.kernel_params(args)
+    types = (ctypes.c_uint64, ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64)
+    got = [ctypes.cast(block[i], ctypes.POINTER(t)).contents.value for i, t in enumerate(types)]
+    assert got == [2**63 + 5, -3, 7, -9]
+
+
+def test_pdl_setting_is_validated(monkeypatch) -> None:
+    from kernels import _loader as ld
+
+    monkeypatch.setenv("DHISPARSE_PDL", "0")
+    assert not ld.pdl_enabled()
+    monkeypatch.setenv("DHISPARSE_PDL", "yes")
+    with pytest.raises(InvalidArgument, match="DHISPARSE_PDL='yes' must be 0 or 1"):
+        ld.pdl_enabled()
+
+
+def test_compile_variants_follow_the_environment(monkeypatch) -> None:
+    from kernels import resolver as kres
+
+    monkeypatch.delenv("DHISPARSE_RESOLVER_TRACE", raising=False)
+    monkeypatch.delenv("DHISPARSE_RESOLVER_LINEINFO", raising=False)
+    assert kres.defines() == ()
+    monkeypatch.setenv("DHISPARSE_RESOLVER_LINEINFO", "1")
+    assert kres.defines() == ("-lineinfo",)
+    monkeypatch.setenv("DHISPARSE_RESOLVER_TRACE", "1")
+    assert kres.defines() == ("-DRESOLVER_TRACE", "-lineinfo")
+    monkeypatch.setenv("DHISPARSE_RESOLVER_LINEINFO", "yes")
+    with pytest.raises(InvalidArgument, match="DHISPARSE_RESOLVER_LINEINFO='yes' must be 0 or 1"):
+        kres.defines()
+
