@@ -1,0 +1,100 @@
+"""What the single launch of a no-miss round costs, piece by piece (CUDA only):
+
+    python3 -m bench.resolver.one_launch_probe --out probe.json
+
+Times (as the benchmark: L2 flush, GPU spin, CUDA events) the no-miss round of 656 B rows,
+top_k 2048, B 4096 at batch 1 / 8 / 32 as two launches and as the fused kernel launched
+cooperatively or plainly, with one block per SM or with the request blocks only (no
+copy blocks: nothing to copy without misses), beside empty launches of the same shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from bench.common import Flusher, environment, time_gpu, write_json
+
+EMPTY_SRC = r"""extern "C" __global__ void __launch_bounds__(1024) empty_kernel() {}"""
+
+
+def empty_floors(dev: torch.device, reps: int, sms: int) -> dict[str, float]:
+    import cupy
+
+    from kernels._loader import launch, launch_cooperative
+
+    fn = cupy.RawModule(code=EMPTY_SRC).get_function("empty_kernel")
+    flush = Flusher(dev)
+
+    def med(go) -> float:
+        return statistics.median(time_gpu(lambda i: go(), reps, 3, flush=flush))
+
+    return {
+        "empty_1x1_plain_us": med(lambda: launch(fn, (1,), (1,), ())),
+        f"empty_{sms}x1024_plain_us": med(lambda: launch(fn, (sms,), (1024,), ())),
+        f"empty_{sms}x1024_cooperative_us": med(
+            lambda: launch_cooperative(fn, (sms,), (1024,), ())),
+        "empty_1x1024_cooperative_us": med(lambda: launch_cooperative(fn, (1,), (1024,), ())),
+    }
+
+
+def rounds(dev: torch.device, reps: int) -> list[dict]:
+    from bench.resolver.case import Case
+    from bench.resolver.pool import State, alloc_host, fill_random
+    from kernels import _loader
+    from kernels import resolver_round as rr
+
+    P, S, item, k, B = 32, 100_000, 656, 2048, 4096
+    host, _ = alloc_host(P * S * item)
+    fill_random(host, dev)
+    st = State(P, S, B, dev)
+    pool = torch.empty(st.pool_rows, item, dtype=torch.uint8, device=dev)
+    flush = Flusher(dev)
+    real_grid, real_launch = rr.one_launch_grid, rr.launch_cooperative
+
+    def requests_only(batch: int, layers: int, sms: int) -> int:
+        return batch
+    variants = {
+        "two_launches": (False, real_grid, real_launch),
+        "one_coop_all_sms": (True, real_grid, real_launch),
+        "one_coop_request_blocks": (True, requests_only, real_launch),
+        "one_plain_all_sms": (True, real_grid, _loader.launch),
+        "one_plain_request_blocks": (True, requests_only, _loader.launch),
+    }
+    out = []
+    for bs in (1, 8, 32):
+        case = Case(st, host, pool, item, bs, 1, k, 0, False)
+        row: dict = {"batch": bs, "ok": case.check(0)["ok"]}
+        for name, (one, grid, go) in variants.items():
+            rr.one_launch_grid, rr.launch_cooperative = grid, go
+            case.one_launch = one
+            try:
+                ts = time_gpu(case.call, reps, 3, before=case.before, flush=flush)
+                row[name] = round(statistics.median(ts), 2)
+            finally:
+                rr.one_launch_grid, rr.launch_cooperative = real_grid, real_launch
+        print(row, flush=True)
+        out.append(row)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="probe.json")
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    from kernels._loader import sm_count
+
+    rec: dict = {"env": environment()}
+    rec["floors"] = empty_floors(dev, a.reps, sm_count(0))
+    print(rec["floors"], flush=True)
+    write_json(a.out, rec)
+    rec["rounds"] = rounds(dev, a.reps)
+    write_json(a.out, rec)
+
+
+if __name__ == "__main__":
+    main()
