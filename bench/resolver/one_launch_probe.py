@@ -6,6 +6,9 @@ Times (as the benchmark: L2 flush, GPU spin, CUDA events) the no-miss round of 6
 top_k 2048, B 4096 at batch 1 / 8 / 32 as two launches and as the fused kernel launched
 cooperatively or plainly, with one block per SM or with the request blocks only (no
 copy blocks: nothing to copy without misses), beside empty launches of the same shapes.
+Then where the fixed cost comes from: the same rounds with the kernels' code warm (one
+round of a separate one-request case runs between the flush and the timed call: code in
+L2, the timed case's data still cold) and with nothing flushed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import statistics
 
 import torch
 
-from bench.common import Flusher, environment, time_gpu, write_json
+from bench.common import SPIN_CYCLES, Flusher, environment, time_gpu, write_json
 
 EMPTY_SRC = r"""extern "C" __global__ void __launch_bounds__(1024) empty_kernel() {}"""
 
@@ -80,6 +83,60 @@ def rounds(dev: torch.device, reps: int) -> list[dict]:
     return out
 
 
+def time_warm(case, warm, reps: int, flush) -> float:
+    """Median µs of ``case.call(i)`` with ``warm.call(0)`` (if any) run after the flush
+    (if any) and the spin, right before the start event."""
+    for i in range(3):
+        case.before(i)
+        case.call(i)
+    torch.cuda.synchronize()
+    events = []
+    for i in range(3, 3 + reps):
+        case.before(i)
+        if warm is not None:
+            warm.before(0)
+        if flush is not None:
+            flush()
+        torch.cuda._sleep(SPIN_CYCLES)
+        if warm is not None:
+            warm.call(0)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        case.call(i)
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return round(statistics.median(s.elapsed_time(e) * 1e3 for s, e in events), 2)
+
+
+def code_warm(dev: torch.device, reps: int) -> list[dict]:
+    from bench.resolver.case import Case
+    from bench.resolver.pool import State, alloc_host, fill_random
+
+    P, S, item, k, B = 32, 100_000, 656, 2048, 4096
+    host, _ = alloc_host(P * S * item)
+    fill_random(host, dev)
+    st, st_warm = State(P, S, B, dev), State(1, S, B, dev)
+    pool = torch.empty(st.pool_rows, item, dtype=torch.uint8, device=dev)
+    pool_warm = torch.empty(st_warm.pool_rows, item, dtype=torch.uint8, device=dev)
+    flush = Flusher(dev)
+    out = []
+    for bs in (1, 32):
+        case = Case(st, host, pool, item, bs, 1, k, 0, False)
+        warm = Case(st_warm, host[: S * item], pool_warm, item, 1, 1, k, 0, False)
+        warm.sel(0)
+        row: dict = {"batch": bs}
+        for one in (False, True):
+            case.one_launch = warm.one_launch = one
+            tag = "one" if one else "two"
+            row[f"{tag}_flushed"] = time_warm(case, None, reps, flush)
+            row[f"{tag}_code_warm"] = time_warm(case, warm, reps, flush)
+            row[f"{tag}_not_flushed"] = time_warm(case, None, reps, None)
+        print(row, flush=True)
+        out.append(row)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="probe.json")
@@ -91,6 +148,8 @@ def main() -> None:
     rec: dict = {"env": environment()}
     rec["floors"] = empty_floors(dev, a.reps, sm_count(0))
     print(rec["floors"], flush=True)
+    write_json(a.out, rec)
+    rec["code_warm"] = code_warm(dev, a.reps)
     write_json(a.out, rec)
     rec["rounds"] = rounds(dev, a.reps)
     write_json(a.out, rec)
