@@ -93,14 +93,13 @@ def command(
     args = dict(locals())
     rec = {
         "what": "dhisparse fused resolver (kernels/resolver_*.cu), sync-free path: "
-        "lookup + commit/copy (one cooperative launch where the batch leaves 16 SMs free)",
+        "lookup + commit/copy",
         "env": environment()
         | {
             "victim_select": kres_select(),
             "lookup_blocks": os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto"),
             "copy_blocks": os.environ.get("DHISPARSE_COPY_BLOCKS", "auto"),
             "pdl": os.environ.get("DHISPARSE_PDL", "1"),
-            "one_launch": os.environ.get("DHISPARSE_ONE_LAUNCH", "1"),
         },
         "setup": {k: v for k, v in args.items() if k != "out"},
         "cases": [],

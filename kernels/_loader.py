@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 OPTIONS = ("-std=c++17",)
 # modules kept in several files, compiled as one source in this order
 SOURCES = {"resolver": ("resolver_common.cuh", "resolver_sort.cuh", "resolver_lookup.cu",
-                         "resolver_commit.cu", "resolver_fused.cu", "resolver_promote.cu")}
+                         "resolver_commit.cu", "resolver_promote.cu")}
 _LOCAL_INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
 
 
@@ -99,7 +99,6 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig (cuda.h): 56 bytes
 
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-COOPERATIVE = 2  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
 _CTYPE = {("u", 8): ctypes.c_uint64, ("i", 8): ctypes.c_int64, ("u", 4): ctypes.c_uint32,
           ("i", 4): ctypes.c_int32}
 
@@ -160,36 +159,11 @@ def launch_dependent(
     if lib is None:
         launch(fn, grid, block, args, shared)
         return False
-    _launch_ex(lib, fn, grid, block, args, shared, PROGRAMMATIC_STREAM_SERIALIZATION)
-    return True
-
-
-def cooperative_launch_available() -> bool:
-    """Whether ``launch_cooperative`` can launch (the driver has cuLaunchKernelEx)."""
-    return _driver() is not None
-
-
-def launch_cooperative(
-    fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared: int = 0
-) -> None:
-    """Launch with every block resident at once (a kernel with a grid-wide barrier): the
-    driver refuses a grid larger than the GPU holds (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE)
-    instead of leaving blocks to wait for ones that never get scheduled."""
-    lib = _driver()
-    if lib is None:
-        raise RuntimeError("a cooperative launch needs cuLaunchKernelEx (a CUDA 12+ driver)")
-    _launch_ex(lib, fn, grid, block, args, shared, COOPERATIVE)
-
-
-def _launch_ex(lib: Any, fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
-               shared: int, attribute: int) -> None:
-    """cuLaunchKernelEx on torch's current stream with one launch attribute set to 1."""
     import cupy
 
-    dev = torch.cuda.current_device()
     dims = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
-    attr = _LaunchAttribute(id=attribute)
-    attr.value[0] = 1  # the attribute's int value (little endian)
+    attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1  # value.programmaticStreamSerializationAllowed (int, little endian)
     cfg = _LaunchConfig(*dims[0], *dims[1], shared, torch.cuda.current_stream().cuda_stream,
                         ctypes.pointer(attr), 1)
     params, keep = kernel_params(args)
@@ -199,6 +173,7 @@ def _launch_ex(lib: Any, fn: Any, grid: tuple[int, ...], block: tuple[int, ...],
     if rc != 0:
         raise RuntimeError(
             f"cuLaunchKernelEx failed: {_error_name(lib, rc)} (grid={grid}, block={block})")
+    return True
 
 
 def ptr(t: torch.Tensor) -> np.uint64:

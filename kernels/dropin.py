@@ -23,7 +23,6 @@ from services.decode.hierarchy.promotion import live_blocks, promote_wave, relea
 from services.decode.hierarchy.promotion import release_staging as ref_release_staging
 
 from ._loader import vec_width
-from .promote import promote, promote_fits
 from .resolver import (
     R_COPIES,
     R_DIRECT,
@@ -46,6 +45,8 @@ from .resolver import (
     default_copy_blocks,
     lookup,
     plan_copy,
+    promote,
+    promote_fits,
 )
 
 
@@ -311,7 +312,7 @@ def release_staging(group: SourceGroup) -> int:
 
 
 def release_staging_async(group: SourceGroup) -> torch.Tensor:
-    """``release_staging`` with one launch per promotion wave (``kernels.promote.promote``)
+    """``release_staging`` with one launch per promotion wave (``kernels.resolver.promote``)
     and no host read: returns the rows promoted as an int64 device scalar. A wave whose
     row bitmap would not fit in shared memory (source rows beyond ~1.5M at B = 4096) is
     promoted by the torch path instead (same result)."""

@@ -39,14 +39,12 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
     lookup_blocks,
 )
 
-T_COLS, S_COLS, TOT_COLS = 9, 10, 10  # table / summary / totals columns (resolver_common.cuh enums)
+T_COLS, S_COLS, TOT_COLS = 9, 10, 9  # table / summary / totals columns (resolver_common.cuh enums)
 S_U, S_M, S_NV = 1, 2, 3
-R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT, R_TICKET, R_BARRIER = (
-    range(10))
+R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 ST_SELECTION, ST_NOT_RESIDENT, ST_STAGING = 1 | 2 | 4 | 16, 8, 32
 LOOKUP_THREADS, COMMIT_THREADS = 1024, 512
 SORT_N = 4096  # resolver_lookup.cu: B <= 4096 sorts in registers; larger B in shared memory
-COPY_BLOCKS_MIN = 16  # resolver_commit.cu
 COPY_BLOCKS_PER_SM = 2  # __launch_bounds__(512, 2): 64 registers (52 B spill, ptxas -v)
 MAX_BATCH, MAX_ENTRIES, MAX_SLOTS = (
     1024,
@@ -70,8 +68,7 @@ def bitmap_words(rows_bound: int) -> int:
 class Workspace:
     """Scratch of the two launches, reused call after call on one stream.
 
-    totals[R_TICKET] must start at 0; the last lookup block resets it. The low 32 bits of
-    totals[R_BARRIER] must start at 0; the single launch's grid barrier leaves them so.
+    totals[R_TICKET] must start at 0; the last lookup block resets it.
     """
 
     need_loc: torch.Tensor  # int64 [batch, K*k]  hit locations by union rank, then miss dsts
@@ -156,36 +153,6 @@ def lookup(
     table: int64 [batch, 9] per request (resolver_common.cuh T_* columns); rows_bound: every row
     needing steps 2-3 is below it (max tail_lo of the batch).
     """
-    args, shared, blocks = lookup_args(
-        ws, table, selections, visible, locations, hot_slots=hot_slots, tail_rows=tail_rows,
-        page_rows=page_rows, rows_bound=rows_bound, finished_epoch=finished_epoch,
-        select=select)
-    dev = selections.device.index
-    fn = kernel("resolver", "resolve_lookup_2" if blocks == 2 else "resolve_lookup", dev, True,
-                defines())
-    cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
-    check_limit("shared bytes (48 * ceil(rows_bound / 128) + 8 * pow2(B))", shared, cap)
-    launch(fn, (selections.shape[0],), (LOOKUP_THREADS,), (*args, np.int32(bool(host_totals))),
-           shared)
-    ws.commit_sums = not host_totals
-
-
-def lookup_args(
-    ws: Workspace,
-    table: torch.Tensor,
-    selections: torch.Tensor,
-    visible: torch.Tensor,
-    locations: torch.Tensor,
-    *,
-    hot_slots: int,
-    tail_rows: int,
-    page_rows: int,
-    rows_bound: int,
-    finished_epoch: int,
-    select: str | None,
-) -> tuple[tuple, int, int]:
-    """The lookup's checked arguments (up to ``select_mode``), its dynamic shared bytes and
-    its blocks per SM: shared by ``lookup`` and the single launch (``kernels.resolver_round``)."""
     select = select or default_select()
     if select not in VICTIM_SELECT:
         raise InvalidArgument(f"select={select!r} must be one of {sorted(VICTIM_SELECT)}")
@@ -195,6 +162,12 @@ def lookup_args(
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots, visible)
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
     shared = 12 * (-(-words // 4) * 4) + 8 * pow2  # bitmaps in 16-byte groups, then keys
+    dev = selections.device.index
+    blocks = lookup_blocks(batch, dev)
+    fn = kernel("resolver", "resolve_lookup_2" if blocks == 2 else "resolve_lookup", dev, True,
+                defines())
+    cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
+    check_limit("shared bytes (48 * ceil(rows_bound / 128) + 8 * pow2(B))", shared, cap)
     args = (
         ptr(table),
         ptr(selections),
@@ -211,8 +184,10 @@ def lookup_args(
         np.int32(words),
         np.int64(finished_epoch),
         np.int32(VICTIM_SELECT[select]),
+        np.int32(bool(host_totals)),
     )
-    return args, shared, lookup_blocks(batch, selections.device.index)
+    launch(fn, (batch,), (LOOKUP_THREADS,), args, shared)
+    ws.commit_sums = not host_totals
 
 
 INT32_MAX = 2**31 - 1
@@ -292,66 +267,6 @@ def commit(
     dependent: this launch directly follows ``lookup`` on the stream (the sync-free path):
     it goes out with programmatic dependent launch, so its blocks are scheduled while the
     lookup runs and start the moment it ends (``_loader.launch_dependent``)."""
-    batch = selections.shape[0]
-    copies, layers, w = commit_args(ws, table, selections, locations, stage_locs, out,
-                                    hot_slots=hot_slots, host_ptrs=host_ptrs, payloads=payloads,
-                                    row_bytes=row_bytes)
-    dev = selections.device.index
-    fn = kernel("resolver", f"resolve_commit_{w}", dev, False, defines())
-    if copy_blocks is None:
-        copy_blocks = default_copy_blocks()
-    if not 0 <= copy_blocks <= MAX_COPY_BLOCKS:
-        raise InvalidArgument(f"copy_blocks={copy_blocks} must be in [0, {MAX_COPY_BLOCKS}]")
-    if parts is None:
-        parts = default_commit_parts()
-    check_limit("parts", parts, MAX_COMMIT_PARTS)
-    parts = parts or commit_parts_rule(batch, sm_count(dev))
-    k_queries, k = selections.shape[1:]
-    args = (
-        ptr(table),
-        ptr(selections),
-        ptr(locations),
-        *ws.pointers(),
-        *copies,
-        np.int32(layers),
-        np.int32(batch),
-        np.int32(k_queries),
-        np.int32(k),
-        np.int32(hot_slots),
-        np.uint32(row_bytes),
-        np.int64(epoch),
-        np.int32(copy_blocks),
-        np.int32(ws.commit_sums),
-        np.int32(parts),
-    )
-    # auto: as many copy blocks as fit beside the commit blocks in one wave (2 per SM), at
-    # least COPY_BLOCKS_MIN: blocks of a second wave cost a no-miss call 0.7-1.8 us
-    # (H200, f0572df) and the kernel's rule puts at most that many to work anyway
-    launched = copy_blocks or max(COPY_BLOCKS_MIN,
-                                  sm_count(dev) * COPY_BLOCKS_PER_SM - batch * parts)
-    grid = batch * parts + (launched if layers else 0)
-    if dependent:
-        launch_dependent(fn, (grid,), (COMMIT_THREADS,), args)
-    else:
-        launch(fn, (grid,), (COMMIT_THREADS,), args)
-
-
-def commit_args(
-    ws: Workspace,
-    table: torch.Tensor,
-    selections: torch.Tensor,
-    locations: torch.Tensor,
-    stage_locs: torch.Tensor,
-    out: CopyList,
-    *,
-    hot_slots: int,
-    host_ptrs: torch.Tensor | None,
-    payloads: torch.Tensor | None,
-    row_bytes: int,
-) -> tuple[tuple, int, int]:
-    """The commit's checked staging, copy-list and copy-source arguments (``stage_locs`` ..
-    ``payloads``), the layer count and the copies' vector width: shared by ``commit`` and
-    the single launch."""
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots)
     check("stage_locs", stage_locs, torch.int64, 1, "cuda")
     for name, t in (("out.batch", out.batch), ("out.rows", out.rows), ("out.dst", out.dst)):
@@ -372,8 +287,14 @@ def commit_args(
                 f"must be [L, batch={batch}] / [L]"
             )
     w = vec_width(row_bytes)
+    dev = selections.device.index
+    fn = kernel("resolver", f"resolve_commit_{w}", dev, False, defines())
     null = np.uint64(0)
     args = (
+        ptr(table),
+        ptr(selections),
+        ptr(locations),
+        *ws.pointers(),
         ptr(stage_locs),
         np.int64(stage_locs.numel()),
         ptr(out.batch),
@@ -382,8 +303,28 @@ def commit_args(
         ptr(out.staged_rows),
         ptr(host_ptrs) if layers else null,
         ptr(payloads) if layers else null,
+        np.int32(layers),
+        np.int32(batch),
+        np.int32(k_queries),
+        np.int32(k),
+        np.int32(hot_slots),
+        np.uint32(row_bytes),
+        np.int64(epoch),
     )
-    return args, layers, w
+    if copy_blocks is None:
+        copy_blocks = default_copy_blocks()
+    if not 0 <= copy_blocks <= MAX_COPY_BLOCKS:
+        raise InvalidArgument(f"copy_blocks={copy_blocks} must be in [0, {MAX_COPY_BLOCKS}]")
+    if parts is None:
+        parts = default_commit_parts()
+    check_limit("parts", parts, MAX_COMMIT_PARTS)
+    parts = parts or commit_parts_rule(batch, sm_count(dev))
+    args += (np.int32(copy_blocks), np.int32(ws.commit_sums), np.int32(parts))
+    grid = batch * parts + ((copy_blocks or sm_count(dev) * COPY_BLOCKS_PER_SM) if layers else 0)
+    if dependent:
+        launch_dependent(fn, (grid,), (COMMIT_THREADS,), args)
+    else:
+        launch(fn, (grid,), (COMMIT_THREADS,), args)
 
 
 def plan_copy(
@@ -432,3 +373,70 @@ def plan_copy(
         np.uint32(row_bytes),
     )
     launch(kernel("resolver", f"plan_copy_{w}", dev), (grid,), (256,), args)
+
+
+def promote_shared_bytes(hot_slots: int, rows_bound: int) -> int:
+    """Dynamic shared memory of ``promote``: sort keys, two row bitmaps, slot ranks."""
+    return 8 * sort_size(hot_slots) + 8 * bitmap_words(rows_bound) + 4 * max(hot_slots, 1)
+
+
+def promote_fits(hot_slots: int, rows_bound: int, row_bytes: int, device: int) -> bool:
+    """Whether ``promote`` can run these sizes (its shared memory fits the SM's opt-in)."""
+    fn = kernel("resolver", f"promote_staged_{vec_width(row_bytes)}", device, True, defines())
+    return promote_shared_bytes(hot_slots, rows_bound) <= dynamic_shared_cap(fn, device)
+
+
+def promote(
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    locs: torch.Tensor,
+    offsets: torch.Tensor,
+    epochs: torch.Tensor,
+    slot_of: torch.Tensor,
+    promoted: torch.Tensor,
+    payload_ptrs: torch.Tensor,
+    *,
+    hot_slots: int,
+    rows_bound: int,
+    finished_epoch: int,
+    row_bytes: int,
+) -> None:
+    """Staging promotion of one wave (resolver_promote.cu): block b moves the staged rows
+    ``rows[offsets[b]:offsets[b+1]]`` (arena rows ``locs``, staged at ``epochs[b]``) of
+    request table row b into its LRU hot slots and copies their payload rows in every
+    layer of ``payload_ptrs`` (int64 [L] base addresses). Writes ``slot_of`` (int32, the
+    slot each row took, -1 = not promoted) and ``promoted`` (int64 [blocks]). Requests of
+    one wave must be distinct; every staged row must lie in ``[0, rows_bound)`` (not
+    checked on the device: ``kernels.dropin`` passes the largest staged row + 1); hot rows
+    outside that range are never equal to a staged row and are ignored."""
+    check("table", table, torch.int64, 2, "cuda")
+    for name, t in (("rows", rows), ("locs", locs), ("offsets", offsets), ("epochs", epochs),
+                    ("promoted", promoted), ("payload_ptrs", payload_ptrs)):
+        check(name, t, torch.int64, 1, "cuda")
+    check("slot_of", slot_of, torch.int32, 1, "cuda")
+    blocks = table.shape[0]
+    if (table.shape[1] != T_COLS or offsets.numel() != blocks + 1 or epochs.numel() != blocks
+            or promoted.numel() < blocks or locs.numel() != rows.numel()
+            or slot_of.numel() < rows.numel()):
+        raise InvalidArgument(
+            f"table {tuple(table.shape)}, offsets {offsets.numel()}, epochs {epochs.numel()}, "
+            f"promoted {promoted.numel()}, rows/locs/slot_of {rows.numel()}/{locs.numel()}/"
+            f"{slot_of.numel()} must be [blocks, {T_COLS}], blocks + 1, blocks, >= blocks, "
+            f"one entry per staged row"
+        )
+    check_limit("hot_slots", hot_slots, MAX_SLOTS)
+    if blocks == 0:
+        return
+    words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
+    shared = promote_shared_bytes(hot_slots, rows_bound)
+    dev = table.device.index
+    w = vec_width(row_bytes)
+    fn = kernel("resolver", f"promote_staged_{w}", dev, True, defines())
+    check_limit("shared bytes (8 * pow2(B) + 8 * ceil(rows_bound / 32) + 4 * B)", shared,
+                dynamic_shared_cap(fn, dev))
+    args = (
+        ptr(table), ptr(rows), ptr(locs), ptr(offsets), ptr(epochs), ptr(slot_of),
+        ptr(promoted), ptr(payload_ptrs), np.int32(payload_ptrs.numel()), np.uint32(row_bytes),
+        np.int32(hot_slots), np.int32(pow2), np.int32(words), np.int64(finished_epoch),
+    )
+    launch(fn, (blocks,), (LOOKUP_THREADS,), args, shared)

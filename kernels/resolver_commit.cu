@@ -39,11 +39,11 @@ __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict
                 const int b = find_request(s_off, batch, c);
                 const i64 i = c - s_off[b];
                 const i64* sm = summary + (i64)b * SCOLS;
-                const i64 nv = __ldcg(sm + S_NV);
+                const i64 nv = sm[S_NV];
                 const i64 dst = i < nv ? reinterpret_cast<const i64*>(table[(i64)b * TCOLS + T_HOT_LOCS])
-                                                 [__ldcg(victims + (i64)b * B + i)]
+                                                 [victims[(i64)b * B + i]]
                                            : stage_locs[s_soff[b] + i - nv];
-                const i64 r = __ldcg(misses + (i64)b * Kk + i);
+                const i64 r = misses[(i64)b * Kk + i];
                 const char* src = reinterpret_cast<const char*>(host_ptrs[(i64)layer * batch + b]);
                 v[u] = *reinterpret_cast<const V*>(src + r * row_bytes + (i64)vec * W);
                 d[u] = reinterpret_cast<char*>(payload_ptrs[layer]) + dst * row_bytes + (i64)vec * W;
@@ -212,7 +212,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     unsigned hw[HM_SLOTS];
     const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)rb * B);
     if (commit_block) {
-        su = __ldcg(sm + S_U), m = __ldcg(sm + S_M), nv = __ldcg(sm + S_NV), nhit = __ldcg(sm + S_NHIT);
+        su = sm[S_U], m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT];
         hot_rows = ptr<i64>(row, T_HOT_ROWS), stamp = ptr<i64>(row, T_HOT_STAMP);
         protect = ptr<i64>(row, T_HOT_PROTECT), hot_locs = ptr<const i64>(row, T_HOT_LOCS);
         if (!sums_here) off = copy_off[rb], soff = stage_off[rb];
@@ -220,7 +220,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
 #pragma unroll
     for (int q = 0; q < HM_SLOTS; ++q) {
         const int s = s_lo + threadIdx.x + q * blockDim.x;
-        hw[q] = commit_block && s < s_hi ? __ldcg(hm + (s >> 5)) : 0u;
+        hw[q] = commit_block && s < s_hi ? hm[s >> 5] : 0u;
     }
     if (sums_here) {
         sum_batch(summary, totals, batch, n_stage_locs, s_off, s_soff, &s_ok, s_tmp, s_cnt);  // syncs
@@ -285,8 +285,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
 #pragma unroll
         for (int q = 0; q < U; ++q) {
             const i64 i = i0 + q * blockDim.x;
-            r[q] = i < m ? __ldcg(misses + (i64)b * Kk + i) : 0;
-            slot[q] = i < nv ? __ldcg(victims + (i64)b * B + i) : -1;
+            r[q] = i < m ? misses[(i64)b * Kk + i] : 0;
+            slot[q] = i < nv ? victims[(i64)b * B + i] : -1;
         }
 #pragma unroll
         for (int q = 0; q < U; ++q) {
@@ -326,7 +326,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     for (int s0 = nhit > 0 ? hm_done + threadIdx.x : s_hi; s0 < s_hi; s0 += blockDim.x * U) {
         unsigned w[U];
 #pragma unroll
-        for (int q = 0; q < U; ++q) w[q] = s0 + q * (int)blockDim.x < s_hi ? __ldcg(hm + ((s0 + q * blockDim.x) >> 5)) : 0u;
+        for (int q = 0; q < U; ++q) w[q] = s0 + q * (int)blockDim.x < s_hi ? hm[(s0 + q * blockDim.x) >> 5] : 0u;
 #pragma unroll
         for (int q = 0; q < U; ++q) {
             const int s = s0 + q * blockDim.x;

@@ -47,9 +47,8 @@ enum { T_HOT_ROWS, T_HOT_STAMP, T_HOT_PROTECT, T_HOT_LOCS, T_TAIL_LOCS, T_PAGE_M
        T_TAIL_LO, T_TAIL_HI, TCOLS };
 // summary columns (int64 [batch, SCOLS])
 enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT, SCOLS };
-// totals (int64 [TOT_COLS + 2 * (batch + 1)]): then copy offsets [batch+1], stage offsets [batch+1].
-// R_BARRIER: the single launch's grid barrier word (low 32 bits; see grid_barrier).
-enum { R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT, R_TICKET, R_BARRIER, TOT_COLS };
+// totals (int64 [TOT_COLS + 2 * (batch + 1)]): then copy offsets [batch+1], stage offsets [batch+1]
+enum { R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT, R_TICKET, TOT_COLS };
 // status bits
 enum { ST_SEL_LT_M1 = 1, ST_VISIBLE = 2, ST_SEL_GE_VISIBLE = 4, ST_NOT_RESIDENT = 8, ST_ROW_RANGE = 16,
        ST_STAGING = 32 };
@@ -158,27 +157,6 @@ __device__ __forceinline__ bool test_bit(const unsigned* bm, i64 row) {
 __device__ __forceinline__ void block_add(unsigned* dst, unsigned v) {
     v = __reduce_add_sync(0xffffffffu, v);
     if ((threadIdx.x & 31) == 0 && v) atomicAdd(dst, v);
-}
-
-// Grid-wide barrier of a launch whose blocks are all resident at once (a cooperative launch):
-// every block adds to *bar, block 0 adds 2^31 - (gridDim.x - 1) and the others 1 each, so the
-// word's top bit flips exactly when the last block arrives and its low 31 bits return to 0
-// (they start at 0: the barrier needs no reset and can run launch after launch). Writes
-// before the barrier (any block) are visible to every thread after it: release fence and
-// relaxed arrival, acquire polling, then the block barrier.
-__device__ __forceinline__ void grid_barrier(unsigned* bar) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
-        __threadfence();
-        const unsigned old = atomicAdd(bar, add);
-        unsigned now;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar) : "memory");
-        } while (((old ^ now) & 0x80000000u) == 0u);
-        __threadfence();
-    }
-    __syncthreads();
 }
 
 // Compile-time count for the unrolled entry loops (chosen at run time from K * k).

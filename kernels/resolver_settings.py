@@ -57,16 +57,6 @@ def lookup_blocks(batch: int, device: int) -> int:
     return int(value)
 
 
-def one_launch_enabled() -> bool:
-    """``DHISPARSE_ONE_LAUNCH`` (1 | 0, default 1): ``resolve_round`` goes out as one
-    cooperative launch where it fits (see ``kernels.resolver_round``); 0 always launches the
-    lookup and the commit apart. Same results either way."""
-    value = os.environ.get("DHISPARSE_ONE_LAUNCH", "1")
-    if value not in ("0", "1"):
-        raise InvalidArgument(f"DHISPARSE_ONE_LAUNCH={value!r} must be 0 or 1")
-    return value == "1"
-
-
 def _count(var: str, limit: int) -> int:
     """``var`` = auto (0: the wrapper's rule) or an integer in [1, limit] in ASCII digits."""
     value = os.environ.get(var, "auto")

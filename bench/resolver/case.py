@@ -1,6 +1,5 @@
 """One timed case of the resolver benchmark: the sync-free path (lookup, then commit + miss
-copies of one payload layer, in one launch where it fits) on a ``State``, and its
-correctness check."""
+copies of one payload layer) on a ``State``, and its correctness check."""
 
 from __future__ import annotations
 
@@ -41,7 +40,6 @@ class Case:
         self.sels: dict[int, torch.Tensor] = {}
         self.copy_blocks: int | None = None  # blocks of the miss copies (None = default)
         self.select: str | None = None  # victim ordering (None = DHISPARSE_VICTIM_SELECT)
-        self.one_launch: bool | None = None  # call(): None = DHISPARSE_ONE_LAUNCH
 
     def sel(self, i: int) -> torch.Tensor:
         if i not in self.sels:
@@ -53,27 +51,8 @@ class Case:
         self.st.restore(self.cold)
 
     def call(self, i: int) -> None:
-        """One round: a single launch where it fits (``kernels.resolver_round``), else the
-        lookup and the commit (``self.one_launch``: None = DHISPARSE_ONE_LAUNCH)."""
-        from kernels.resolver_round import resolve_round
-
-        st = self.st
-        resolve_round(
-            self.ws, self.table, self.sels[i], self.visible, self.locs, st.stage_locs, self.out,
-            hot_slots=st.B, tail_rows=TAIL_ROWS, page_rows=PAGE_ROWS, rows_bound=st.tail_lo,
-            finished_epoch=0, epoch=1, host_ptrs=self.host_ptrs, payloads=self.payloads,
-            row_bytes=self.item, copy_blocks=self.copy_blocks, select=self.select,
-            one_launch=self.one_launch)
-
-    def launches_once(self) -> bool:
-        """Whether ``call`` goes out as one launch (``kernels.resolver_round``)."""
-        from kernels._loader import cooperative_launch_available, sm_count
-        from kernels.resolver_round import one_launch_grid
-        from kernels.resolver_settings import one_launch_enabled
-
-        wanted = one_launch_enabled() if self.one_launch is None else self.one_launch
-        sms = sm_count(self.pool.device.index or 0)
-        return bool(wanted and cooperative_launch_available() and one_launch_grid(self.bs, 1, sms))
+        self.lookup(i)
+        self.commit(i)
 
     def lookup(self, i: int) -> None:
         kres, st = self.kres, self.st

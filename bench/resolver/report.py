@@ -25,9 +25,7 @@ def print_case(r: dict) -> None:
     print(
         f"{r['item_bytes']:5d} k={r['top_k']:4d} bs={r['batch']:3d} {r['profile']:6s} "
         f"us={r['us_per_call']:8.1f} "
-        f"GB/s={gb} wall={r['wall_us_median']:8.1f} ok={r['check']['ok']}"
-        f"{' one' if r.get('one_launch') else ' two'}"
-        + (f" (two launches {r['us_two_launches']:.1f})" if "us_two_launches" in r else ""),
+        f"GB/s={gb} wall={r['wall_us_median']:8.1f} ok={r['check']['ok']}",
         flush=True,
     )
 

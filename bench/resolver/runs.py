@@ -74,13 +74,6 @@ def run_ours(args: dict, rec: dict) -> None:
                     )
                     r["us"] = summarize(ts)
                     us = r["us_per_call"] = r["us"]["median"]
-                    r["one_launch"] = case.launches_once()
-                    if prof == "hit100" and r["one_launch"]:  # the two launches, same call
-                        case.one_launch = False
-                        two = time_gpu(case.call, args["reps"], args["warmup"],
-                                       before=case.before, flush=flush)
-                        case.one_launch = None
-                        r["us_two_launches"] = summarize(two)["median"]
                     if m:
                         r["GBps"] = r["miss_bytes"] / us / 1e3
                         r["frac_of_h2d_memcpy"] = r["GBps"] / h2d

@@ -335,46 +335,31 @@ def test_commit_copies_layers_like_apply_copies(
     assert copied > 0  # the commit did copy rows
 
 
-# the sync-free path's launch modes: (DHISPARSE_PDL, lookup host_totals, one launch, copy blocks)
-SYNC_FREE_MODES = {
-    "plain": ("0", True, False, None),
-    "pdl": ("1", True, False, None),
-    "pdl-commit-sums": ("1", False, False, None),
-    "plain-commit-sums": ("0", False, False, None),
-    "one-launch": ("1", False, True, None),
-    "one-launch-3-copy-blocks": ("1", False, True, 3),
-}
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
 def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monkeypatch) -> None:
     """lookup, then commit + the miss copies of every layer, back to back on the stream with
-    no host read between (the sync-free path): the commit launched with PDL, the batch
-    summed by the commit launch instead of the lookup's last block (host_totals=False), and
-    both in one cooperative launch (``resolve_round``), each against plain launches with the
-    lookup's sums: same locations, totals (offsets, status, counts; a staging overflow
-    included), copy list, hot-cache state and bytes."""
+    no host read between (the sync-free path): the commit launched with PDL, and the batch
+    summed by the commit launch instead of the lookup's last block (host_totals=False), each
+    against plain launches with the lookup's sums: same locations, totals (offsets, status,
+    counts; a staging overflow included), copy list, hot-cache state and bytes."""
     from kernels import dropin
     from kernels import resolver as kres
-    from kernels._loader import sm_count
-    from kernels.resolver_round import one_launch_grid, resolve_round
 
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)
-    harnesses = [h for _ in range(3)
-                 for h in make_pair(seed, batch, k_queries, hot, staging, row_bytes)[:2]]
-    sides = list(zip(harnesses, SYNC_FREE_MODES.items(), strict=True))
-    rids = [f"r{b}" for b in range(batch)]
+    pairs = [make_pair(seed, batch, k_queries, hot, staging, row_bytes) for _ in range(2)]
+    sides = [(pairs[0][0], "0", True), (pairs[0][1], "1", True), (pairs[1][0], "1", False),
+             (pairs[1][1], "0", False)]  # harness, DHISPARSE_PDL, host_totals
+    rids = pairs[0][2]
     gen = torch.Generator().manual_seed(seed)
-    launched, dependent, single = [], [], []
+    launched, dependent = [], []
     real = kres.launch_dependent
     monkeypatch.setattr(kres, "launch_dependent", lambda *a: dependent.append(real(*a)))
-    fits = one_launch_grid(batch, 2, sm_count(torch.cuda.current_device())) > 0
     for hit_frac in (0.0, 0.8, 1.0, 0.3):
         sel = selections(sides[0][0], rids, k_queries, k, hit_frac, gen)
         outs = []
-        for h, (_, (pdl, host_totals, one, copy_blocks)) in sides:
+        for h, pdl, host_totals in sides:
             monkeypatch.setenv("DHISPARSE_PDL", pdl)
             g, n = h.group, sel.numel()
             ws = kres.Workspace.new(batch, k_queries * k, g.hot_slots, g.device)
@@ -386,43 +371,29 @@ def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monke
                                   for _ in range(4)))
             locs = torch.full_like(sel, -7)
             vis = h.causal_bounds(rids, k_queries)
-            bound = max(g.request(r).tail_lo for r in rids)
             torch.cuda.synchronize()
-            if one:
-                single.append(resolve_round(
-                    ws, table, sel, vis, locs, stage, out, hot_slots=g.hot_slots,
-                    tail_rows=g.config.tail_rows, page_rows=g.config.page_rows,
-                    rows_bound=bound, finished_epoch=g.finished_epoch, epoch=g.clock + 1,
-                    host_ptrs=host, payloads=pay, row_bytes=row_bytes,
-                    copy_blocks=copy_blocks, one_launch=True))
-            else:
-                kres.lookup(ws, table, sel, vis, locs, hot_slots=g.hot_slots,
-                            tail_rows=g.config.tail_rows, page_rows=g.config.page_rows,
-                            rows_bound=bound, finished_epoch=g.finished_epoch,
-                            host_totals=host_totals)
-                assert ws.commit_sums is not host_totals
-                kres.commit(ws, table, sel, locs, stage, out, epoch=g.clock + 1,
-                            hot_slots=g.hot_slots, host_ptrs=host, payloads=pay,
-                            row_bytes=row_bytes, dependent=True)
+            kres.lookup(ws, table, sel, vis, locs, hot_slots=g.hot_slots,
+                        tail_rows=g.config.tail_rows, page_rows=g.config.page_rows,
+                        rows_bound=max(g.request(r).tail_lo for r in rids),
+                        finished_epoch=g.finished_epoch, host_totals=host_totals)
+            assert ws.commit_sums is not host_totals
+            kres.commit(ws, table, sel, locs, stage, out, epoch=g.clock + 1,
+                        hot_slots=g.hot_slots, host_ptrs=host, payloads=pay,
+                        row_bytes=row_bytes, dependent=True)
             torch.cuda.synchronize()
             totals = ws.totals[: kres.TOT_COLS + 2 * (batch + 1)].cpu()
-            # the grid barrier's word: low 31 bits back to 0, the top bit flipped per launch
-            assert int(totals[kres.R_BARRIER]) & 0x7FFFFFFF == 0
-            totals[kres.R_BARRIER] = 0
             outs.append((locs.cpu(), totals, [t.cpu() for t in (out.batch, out.rows, out.dst,
                                                               out.staged_rows)], snapshot(h)))
-        for (mode, _), other in zip(SYNC_FREE_MODES.items(), outs, strict=True):
-            assert torch.equal(outs[0][0], other[0]), mode
-            assert torch.equal(outs[0][1], other[1]), (mode, outs[0][1], other[1])
+        for other in outs[1:]:
+            assert torch.equal(outs[0][0], other[0])
+            assert torch.equal(outs[0][1], other[1]), (outs[0][1], other[1])
             for x, y in zip(outs[0][2], other[2], strict=True):
-                assert torch.equal(x, y), mode
+                assert torch.equal(x, y)
             assert_same(outs[0][3], other[3])
         launched.append(int(outs[0][1][kres.R_COPIES]))
     assert any(launched)  # copies ran
-    # DHISPARSE_PDL=0 plain, =1 by cuLaunchKernelEx; the one-launch modes launch nothing
-    # dependent where the batch fits (else their commit goes out with PDL)
-    assert single == [fits] * 8
-    assert dependent == ([False, True, True, False] + ([] if fits else [True, True])) * 4
+    # DHISPARSE_PDL=0 plain, =1 by cuLaunchKernelEx
+    assert dependent == [False, True, True, False] * 4
 
 
 @pytest.mark.gpu
