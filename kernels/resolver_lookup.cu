@@ -149,7 +149,7 @@ __device__ __forceinline__ void lookup_body(
     auto pass1 = [&](auto groups) {
         constexpr int G = decltype(groups)::value;
         for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
-            i64 r[G], vis[G], loc[G], pg[G];
+            i64 r[G], vis[G], loc[G], pg[G], pm[G];
             bool tail[G], page[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
@@ -176,14 +176,17 @@ __device__ __forceinline__ void lookup_body(
                     pg[q] = r[q] >= 0 ? r[q] / p : 0;
                     tl = tail[q] ? r[q] % T : 0;
                 }
+                // page_map beside page_ready (same length, same index), not after it: one
+                // dependent round trip less for a ready page; unused for the others
                 page[q] = r[q] >= 0 && !tail[q] && page_ready[pg[q]];
+                pm[q] = r[q] >= 0 && !tail[q] ? page_map[pg[q]] : 0;
                 loc[q] = tail[q] ? tail_locs[tl] : -1;
             }
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;
                 if (page[q]) {
-                    loc[q] = page_map[pg[q]] * p + (r[q] - pg[q] * p);
+                    loc[q] = pm[q] * p + (r[q] - pg[q] * p);
                     ++n_opt;
                 } else if (tail[q]) {
                     ++n_tail;
