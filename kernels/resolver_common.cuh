@@ -159,6 +159,121 @@ __device__ __forceinline__ void block_add(unsigned* dst, unsigned v) {
     if ((threadIdx.x & 31) == 0 && v) atomicAdd(dst, v);
 }
 
+// The batch sums over the per-request summaries, by one block: the lookup's last block (the
+// drop-in path: write_totals, no shared outputs) or every block of the commit launch (the
+// sync-free path: each sums for its own s_off / s_soff [0, batch] -- exclusive copy and
+// staging offsets -- and *ok, status 0 and staging fits; block 0 also writes the totals).
+// write_totals: totals and the offsets after them, status | ST_STAGING when the staged rows
+// exceed n_stage_locs. A batch of <= 32 is summed by one warp (shuffles, one barrier); up to
+// MAXB by the block, 2 requests per thread (blockDim.x >= MAXB / 2). Ends with a barrier;
+// every thread of the block must call it. Reads the summaries through L2 (__ldcg): they
+// were written by other blocks.
+__device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ totals, int batch,
+                          i64 n_stage_locs, bool write_totals, i64* s_off, i64* s_soff, int* ok,
+                          unsigned* tmp, unsigned* cnt) {
+    const int lane = threadIdx.x & 31;
+    const bool first = write_totals;
+    i64* copy_off = totals + TOT_COLS;
+    i64* stage_off = copy_off + batch + 1;
+    unsigned f[SCOLS];
+    unsigned tot_m, tot_s, st;
+    if (batch <= 32) {
+        if (threadIdx.x < 32) {
+#pragma unroll
+            for (int c = 0; c < SCOLS; ++c)
+                f[c] = lane < batch && (first || c == S_STATUS || c == S_M || c == S_NV)
+                           ? (unsigned)__ldcg(summary + lane * SCOLS + c) : 0u;
+            unsigned im = f[S_M], is = f[S_M] - f[S_NV];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned ym = __shfl_up_sync(0xffffffffu, im, o), ys = __shfl_up_sync(0xffffffffu, is, o);
+                if (lane >= o) im += ym, is += ys;
+            }
+            tot_m = __shfl_sync(0xffffffffu, im, 31), tot_s = __shfl_sync(0xffffffffu, is, 31);
+            st = __reduce_or_sync(0xffffffffu, f[S_STATUS]);
+            if (s_off && lane < batch) {
+                s_off[lane] = im - f[S_M];
+                s_soff[lane] = is - (f[S_M] - f[S_NV]);
+            }
+            if (s_off && lane == 0) {
+                s_off[batch] = tot_m, s_soff[batch] = tot_s;
+                *ok = st == 0 && (i64)tot_s <= n_stage_locs;
+            }
+            if (first) {
+                const unsigned tail = __reduce_add_sync(0xffffffffu, f[S_TAIL]), opt = __reduce_add_sync(0xffffffffu, f[S_OPT]);
+                const unsigned hot = __reduce_add_sync(0xffffffffu, f[S_HOT]), host = __reduce_add_sync(0xffffffffu, f[S_HOST]);
+                const unsigned direct = __reduce_add_sync(0xffffffffu, f[S_DIRECT]);
+                if (lane < batch) {
+                    copy_off[lane] = im - f[S_M];
+                    stage_off[lane] = is - (f[S_M] - f[S_NV]);
+                }
+                if (lane == 0) {
+                    copy_off[batch] = tot_m, stage_off[batch] = tot_s;
+                    totals[R_STATUS] = st ? st : (i64)tot_s > n_stage_locs ? ST_STAGING : 0;
+                    totals[R_COPIES] = tot_m, totals[R_STAGED] = tot_s;
+                    totals[R_TAIL] = tail, totals[R_OPT] = opt, totals[R_HOT] = hot;
+                    totals[R_HOST] = host, totals[R_DIRECT] = direct;
+                }
+            }
+        }
+        __syncthreads();
+        return;
+    }
+    // thread t: requests 2t, 2t + 1
+    unsigned mv[2] = {0u, 0u}, sv[2] = {0u, 0u};
+#pragma unroll
+    for (int c = 0; c < SCOLS; ++c) f[c] = 0u;
+    if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int i = 2 * threadIdx.x + j;
+        if (i >= batch) continue;
+        const i64* sm = summary + (i64)i * SCOLS;
+        mv[j] = (unsigned)__ldcg(sm + S_M);
+        sv[j] = mv[j] - (unsigned)__ldcg(sm + S_NV);
+        f[S_STATUS] |= (unsigned)__ldcg(sm + S_STATUS);
+        if (first) {
+#pragma unroll
+            for (int c = S_TAIL; c <= S_DIRECT; ++c) f[c] += (unsigned)__ldcg(sm + c);
+        }
+    }
+    unsigned om = block_scan(mv[0] + mv[1], tmp, &tot_m);  // syncs (orders the cnt reset too)
+    unsigned os = block_scan(sv[0] + sv[1], tmp, &tot_s);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int i = 2 * threadIdx.x + j;
+        if (i >= batch) continue;
+        if (s_off) s_off[i] = om, s_soff[i] = os;
+        if (first) copy_off[i] = om, stage_off[i] = os;
+        om += mv[j], os += sv[j];
+    }
+    st = __reduce_or_sync(0xffffffffu, f[S_STATUS]);
+    if (lane == 0 && st) atomicOr(&cnt[0], st);
+    if (first) {
+        block_add(&cnt[1], f[S_TAIL]);
+        block_add(&cnt[2], f[S_OPT]);
+        block_add(&cnt[3], f[S_HOT]);
+        block_add(&cnt[4], f[S_HOST]);
+        block_add(&cnt[5], f[S_DIRECT]);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        st = cnt[0];
+        if (s_off) {
+            s_off[batch] = tot_m, s_soff[batch] = tot_s;
+            *ok = st == 0 && (i64)tot_s <= n_stage_locs;
+        }
+        if (first) {
+            copy_off[batch] = tot_m, stage_off[batch] = tot_s;
+            totals[R_STATUS] = st ? st : (i64)tot_s > n_stage_locs ? ST_STAGING : 0;
+            totals[R_COPIES] = tot_m, totals[R_STAGED] = tot_s;
+            totals[R_TAIL] = cnt[1], totals[R_OPT] = cnt[2], totals[R_HOT] = cnt[3];
+            totals[R_HOST] = cnt[4], totals[R_DIRECT] = cnt[5];
+        }
+    }
+    __syncthreads();
+}
+
 // Compile-time count for the unrolled entry loops (chosen at run time from K * k).
 template <int N> struct Groups { static constexpr int value = N; };
 

@@ -374,89 +374,12 @@ __device__ __forceinline__ void lookup_body(
     __syncthreads();
     TRACE(7);  // summary written, ticket taken
     if (!last) return;
-    // last block: offsets and totals over the batch (batch <= NT), then reset the ticket.
-    // Each thread < batch reads its request's summary in one go (L2, where the other
-    // blocks' writes are visible after their fence and ticket); sums go through warp
-    // shuffles, one shared atomic per warp (a shared atomic per request and counter
-    // serialized into ~12 us at batch 160).
+    // last block: offsets and totals over the batch, then reset the ticket (the other blocks'
+    // summaries are visible in L2 after their fence and ticket)
     TRACE_ANY(24);
     __threadfence();
-    i64* copy_off = totals + TOT_COLS;
-    i64* stage_off = copy_off + batch + 1;
-    if (batch <= 32) {  // one warp: scans and sums by shuffles, no block barrier
-        if (threadIdx.x >= 32) return;
-        const int lane = threadIdx.x;
-        unsigned f[SCOLS];
-#pragma unroll
-        for (int c = 0; c < SCOLS; ++c) f[c] = lane < batch ? (unsigned)__ldcg(summary + lane * SCOLS + c) : 0u;
-        unsigned im = f[S_M], is = f[S_M] - f[S_NV];
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const unsigned ym = __shfl_up_sync(0xffffffffu, im, o), ys = __shfl_up_sync(0xffffffffu, is, o);
-            if (lane >= o) im += ym, is += ys;
-        }
-        if (lane < batch) {
-            copy_off[lane] = im - f[S_M];
-            stage_off[lane] = is - (f[S_M] - f[S_NV]);
-        }
-        const unsigned st = __reduce_or_sync(0xffffffffu, f[S_STATUS]);
-        const unsigned tail = __reduce_add_sync(0xffffffffu, f[S_TAIL]), opt = __reduce_add_sync(0xffffffffu, f[S_OPT]);
-        const unsigned hot = __reduce_add_sync(0xffffffffu, f[S_HOT]), host = __reduce_add_sync(0xffffffffu, f[S_HOST]);
-        const unsigned direct = __reduce_add_sync(0xffffffffu, f[S_DIRECT]);
-        const unsigned tot_m = __shfl_sync(0xffffffffu, im, 31), tot_s = __shfl_sync(0xffffffffu, is, 31);
-        if (lane == 0) {
-            copy_off[batch] = tot_m;
-            stage_off[batch] = tot_s;
-            totals[R_STATUS] = st;
-            totals[R_COPIES] = tot_m;
-            totals[R_STAGED] = tot_s;
-            totals[R_TAIL] = tail;
-            totals[R_OPT] = opt;
-            totals[R_HOT] = hot;
-            totals[R_HOST] = host;
-            totals[R_DIRECT] = direct;
-            totals[R_TICKET] = 0;
-        }
-        TRACE_ANY(25);
-        return;
-    }
-    unsigned f[SCOLS];
-#pragma unroll
-    for (int c = 0; c < SCOLS; ++c) f[c] = 0u;
-    if (threadIdx.x < batch) {
-        const i64* sm = summary + threadIdx.x * SCOLS;
-#pragma unroll
-        for (int c = 0; c < SCOLS; ++c) f[c] = (unsigned)__ldcg(sm + c);
-    }
-    if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
-    unsigned tot_m, tot_s;
-    const unsigned om = block_scan(f[S_M], tmp, &tot_m);  // syncs (orders the reset too)
-    const unsigned os = block_scan(f[S_M] - f[S_NV], tmp, &tot_s);
-    if (threadIdx.x < batch) {
-        copy_off[threadIdx.x] = om;
-        stage_off[threadIdx.x] = os;
-    }
-    const unsigned st_or = __reduce_or_sync(0xffffffffu, f[S_STATUS]);
-    if ((threadIdx.x & 31) == 0 && st_or) atomicOr(&cnt[0], st_or);
-    block_add(&cnt[1], f[S_TAIL]);
-    block_add(&cnt[2], f[S_OPT]);
-    block_add(&cnt[3], f[S_HOT]);
-    block_add(&cnt[4], f[S_HOST]);
-    block_add(&cnt[5], f[S_DIRECT]);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        copy_off[batch] = tot_m;
-        stage_off[batch] = tot_s;
-        totals[R_STATUS] = (i64)cnt[0];
-        totals[R_COPIES] = tot_m;
-        totals[R_STAGED] = tot_s;
-        totals[R_TAIL] = (i64)cnt[1];
-        totals[R_OPT] = (i64)cnt[2];
-        totals[R_HOT] = (i64)cnt[3];
-        totals[R_HOST] = (i64)cnt[4];
-        totals[R_DIRECT] = (i64)cnt[5];
-        totals[R_TICKET] = 0;
-    }
+    sum_batch(summary, totals, batch, 0x7FFFFFFFFFFFFFFFll, true, nullptr, nullptr, nullptr, tmp, cnt);  // syncs
+    if (threadIdx.x == 0) totals[R_TICKET] = 0;
     TRACE_ANY(25);
 }
 
