@@ -188,3 +188,19 @@ def test_a_speculative_policy_with_blocks_of_one_does_not_refuse_speculation_set
                                confidence_threshold=0.5))
     engine.run_until_idle()
     assert [r.request_id for r in engine.finished] == ["c"]
+
+
+def test_a_request_too_short_to_draft_does_not_refuse_speculation_settings() -> None:
+    """The first token comes from prefill, so a request of max_new_tokens <= 2 never has
+    a round with K_r > 1: the worker's mode and threshold do not apply to it; one token
+    longer, they do."""
+    engine = Engine(pressured("adaptive-spec", "glm", pages=400, spec_mode="fixed"))
+    p = prompts(1)[0]
+    for n in (1, 2):
+        engine.submit(GenerateSpec(f"short{n}", n, prompt=p, spec_mode="confidence",
+                                   confidence_threshold=0.5))
+    with pytest.raises(InvalidArgument, match="mode='confidence': this worker speculates"):
+        engine.submit(GenerateSpec("long", 3, prompt=p, spec_mode="confidence"))
+    engine.run_until_idle()
+    assert sorted(r.request_id for r in engine.finished) == ["short1", "short2"]
+    assert engine.stats.round_tokens == 1  # short2's one round: no drafted token

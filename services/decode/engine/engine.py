@@ -112,7 +112,10 @@ class Engine:
             raise InvalidArgument(
                 f"temperature={spec.temperature}: this worker samples at temperature="
                 f"{cfg.temperature} (a worker-wide setting: --temperature)")
-        speculative = self.drafter is not None and self._block_cap(spec) > 1  # 1 never drafts
+        # a K_r of 1 never drafts; the first token comes from prefill, so K_r stays below
+        # max_new_tokens: a request of <= 2 tokens never speculates, like a block of 1
+        speculative = (self.drafter is not None
+                       and min(self._block_cap(spec), spec.max_new_tokens - 1) > 1)
         if spec.spec_mode is not None and speculative and spec.spec_mode != cfg.spec_mode:
             raise InvalidArgument(
                 f"speculation mode={spec.spec_mode!r}: this worker speculates in mode "
