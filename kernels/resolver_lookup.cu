@@ -312,6 +312,7 @@ __device__ __forceinline__ void lookup_body(
             // step 3: candidates = unprotected non-hit slots (the hot scan's mask, written
             // by this block), keyed (stamp, slot); then the nv first in LRU order, (stamp,
             // slot) ascending. Every key of [0, Bp) is written (~0 = not a candidate).
+            TRACE(8);  // misses listed (thread 0's share)
             const i64* stamp = ptr<const i64>(row, T_HOT_STAMP);
             const i64* protect = ptr<const i64>(row, T_HOT_PROTECT);
             const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)b * B);
@@ -336,6 +337,7 @@ __device__ __forceinline__ void lookup_body(
             }
             block_add(&cnt[5], n_cand);
             __syncthreads();
+            TRACE(9);  // LRU keys built
             nv = min(m, cnt[5]);
             if (select_mode == 1 && nv <= SELECT_MAX && nv > 0) {
                 select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal);
