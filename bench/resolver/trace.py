@@ -89,7 +89,7 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
     g_block = cupy.ndarray((1,), dtype=np.int32, memptr=mod.get_global("g_trace_block"))
     flush = Flusher(dev)
     rows = []
-    for bs, prof in ((1, "hit100"), (32, "hit100"), (160, "hit100"), (32, "miss2"),
+    for bs, prof in ((1, "hit100"), (32, "hit100"), (160, "hit100"), (1, "miss2"), (32, "miss2"),
                      (1, "cold"), (32, "miss20"), (160, "miss20")):
         cold = prof == "cold"
         m = missed_rows(prof, k)
