@@ -30,6 +30,7 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
 #pragma unroll 8
     for (int w = 0; w < NT / 32; ++w) mx = max(mx, w_max[w]);
     const int top = mx ? (63 - __clzll((long long)mx)) >> 3 : 0;  // highest non-zero byte
+    TRACE(10);  // select: maximum
     unsigned long long prefix = 0, mask = top == 7 ? 0ull : ~0ull << (8 * top + 8);
     unsigned target = nv;  // 1-based rank of K* among the keys matching prefix
     for (int shift = 8 * top; shift >= 0; shift -= 8) {
@@ -74,6 +75,7 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
         target = scal[1];
         __syncthreads();
     }
+    TRACE(11);  // select: radix passes
     if (threadIdx.x == 0) scal[2] = 0;
     __syncthreads();
     for (int s0 = 0; s0 < Bp; s0 += NT) {
@@ -87,6 +89,7 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
         if (take) vkeys[base + __popc(bal & ((1u << lane) - 1u))] = key;
     }
     __syncthreads();
+    TRACE(12);  // select: keys <= K* compacted
     for (int i = threadIdx.x; i < (int)nv; i += NT) {
         const unsigned long long key = vkeys[i];
         unsigned r = 0;
