@@ -7,33 +7,27 @@
 #define SELECT_MAX 1024  // victims ordered by radix select + counting ranks up to this many
 
 // The nv smallest of Bp unique keys (non-candidates are ~0), in ascending order, without
-// sorting all Bp: MSD radix select of the nv-th smallest key K* (8-bit histograms, from the
-// highest byte in which a candidate key is non-zero: stamps and 20-bit slots make the top
-// 3-4 bytes zero, whose passes would pile every key into one bin), then the nv keys <= K*
-// are compacted and each one's rank is counted (nv^2 / NT compares). Writes their slots
-// to out[rank]. Non-candidates (~0) are skipped: they are above every candidate and
-// nv <= candidates. Histogram and compaction atomics are warp-aggregated.
+// sorting all Bp: MSD radix select of the nv-th smallest key K* with 8-bit histograms over
+// the bytes in which candidate keys differ (kor / kand: OR and AND of every candidate key;
+// a byte they agree on is every candidate's, so its pass is skipped: stamps and 20-bit
+// slots leave several such bytes), stopping at the first byte whose chosen bin holds
+// exactly the keys still needed (then K* is that bin's largest possible key). The keys
+// <= K* are compacted and each one's rank is counted (nv^2 / NT compares). Writes their
+// slots to out[rank]. Non-candidates (~0) are skipped: nv <= candidates. Histogram and
+// compaction atomics are warp-aggregated.
 __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned nv, i32* out, unsigned* hist,
-                               unsigned long long* vkeys, unsigned* scal) {
+                               unsigned long long* vkeys, unsigned* scal, unsigned long long kor,
+                               unsigned long long kand) {
     const int lane = threadIdx.x & 31;
-    __shared__ unsigned long long w_max[NT / 32];  // per warp (no 64-bit shared atomics)
-    unsigned long long mx = 0;
-    for (int s = threadIdx.x; s < Bp; s += NT) {
-        const unsigned long long key = keys[s];
-        if (key != ~0ull) mx = max(mx, key);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0) w_max[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    mx = 0;
-#pragma unroll 8
-    for (int w = 0; w < NT / 32; ++w) mx = max(mx, w_max[w]);
-    const int top = mx ? (63 - __clzll((long long)mx)) >> 3 : 0;  // highest non-zero byte
-    TRACE(10);  // select: maximum
-    unsigned long long prefix = 0, mask = top == 7 ? 0ull : ~0ull << (8 * top + 8);
+    const unsigned long long vary = kor ^ kand;
+    unsigned long long mask = 0, prefix = 0;  // bytes decided so far, and their values
+    for (int byte = 0; byte < 8; ++byte)
+        if (!((vary >> (8 * byte)) & 255ull)) mask |= 255ull << (8 * byte);
+    prefix = kand & mask;
+    TRACE(10);  // select: constant bytes
     unsigned target = nv;  // 1-based rank of K* among the keys matching prefix
-    for (int shift = 8 * top; shift >= 0; shift -= 8) {
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        if ((mask >> shift) & 255ull) continue;  // block-uniform: a byte every candidate shares
         for (int i = threadIdx.x; i < 256; i += NT) hist[i] = 0;
         __syncthreads();
         for (int s0 = 0; s0 < Bp; s0 += NT) {  // uniform trip count: every lane reaches the ballot
@@ -64,6 +58,7 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
                     if (run < target && target <= run + c[j]) {
                         scal[0] = lane * 8 + j;
                         scal[1] = target - run;
+                        scal[3] = c[j];
                     }
                     run += c[j];
                 }
@@ -73,15 +68,17 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
         prefix |= (unsigned long long)scal[0] << shift;
         mask |= 255ull << shift;
         target = scal[1];
+        const bool whole_bin = scal[1] == scal[3];  // every key of the bin is taken
         __syncthreads();
+        if (whole_bin) break;
     }
-    TRACE(11);  // select: radix passes
+    const unsigned long long kstar = prefix | ~mask;  // = prefix once every byte is decided
     if (threadIdx.x == 0) scal[2] = 0;
     __syncthreads();
     for (int s0 = 0; s0 < Bp; s0 += NT) {
         const int s = s0 + threadIdx.x;
         const unsigned long long key = s < Bp ? keys[s] : ~0ull;
-        const bool take = key <= prefix;  // prefix = K* < ~0
+        const bool take = key != ~0ull && key <= kstar;
         const unsigned bal = __ballot_sync(0xffffffffu, take);
         unsigned base = 0;
         if (lane == 0 && bal) base = atomicAdd(&scal[2], (unsigned)__popc(bal));
@@ -113,6 +110,7 @@ __device__ __forceinline__ void lookup_body(
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
     __shared__ unsigned cnt[8];  // tail, opt, hot, host, hit, ncand, status, cleared (32-bit: block_add)
+    __shared__ unsigned kbits[4];  // OR (lo, hi) and AND (lo, hi) of the candidate LRU keys
     __shared__ int last;
     __shared__ unsigned hist[256], scal[4];
     __shared__ unsigned long long vkeys[SELECT_MAX];
@@ -139,6 +137,7 @@ __device__ __forceinline__ void lookup_body(
 
     bitmap_fill(need_bm, nullptr, Wp);
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
+    if (threadIdx.x < 4) kbits[threadIdx.x] = threadIdx.x < 2 ? 0u : ~0u;
     __syncthreads();
 
     // pass 1: direct path; the rest becomes the union bitmap. Entries go in groups of G
@@ -320,6 +319,7 @@ __device__ __forceinline__ void lookup_body(
             const i64* protect = ptr<const i64>(row, T_HOT_PROTECT);
             const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)b * B);
             unsigned n_cand = 0;
+            unsigned long long kor = 0, kand = ~0ull;
             for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * UL) {
                 i64 pr[UL], st[UL];
                 bool pend[UL];
@@ -334,16 +334,30 @@ __device__ __forceinline__ void lookup_body(
                 for (int q = 0; q < UL; ++q) {
                     const int s = s0 + q * NT;
                     const bool cand = pend[q] && pr[q] <= finished_epoch;
-                    keys[s] = cand ? ((unsigned long long)st[q] << 20) | (unsigned)s : ~0ull;
+                    const unsigned long long key = ((unsigned long long)st[q] << 20) | (unsigned)s;
+                    keys[s] = cand ? key : ~0ull;
                     n_cand += cand;
+                    if (cand) kor |= key, kand &= key;
                 }
             }
             block_add(&cnt[5], n_cand);
+            if (select_mode == 1) {  // the radix select's constant bytes: one redux per half-word
+                const unsigned o_lo = __reduce_or_sync(0xffffffffu, (unsigned)kor);
+                const unsigned o_hi = __reduce_or_sync(0xffffffffu, (unsigned)(kor >> 32));
+                const unsigned a_lo = __reduce_and_sync(0xffffffffu, (unsigned)kand);
+                const unsigned a_hi = __reduce_and_sync(0xffffffffu, (unsigned)(kand >> 32));
+                if ((threadIdx.x & 31) == 0) {
+                    atomicOr(&kbits[0], o_lo), atomicOr(&kbits[1], o_hi);
+                    atomicAnd(&kbits[2], a_lo), atomicAnd(&kbits[3], a_hi);
+                }
+            }
             __syncthreads();
             TRACE(9);  // LRU keys built
             nv = min(m, cnt[5]);
             if (select_mode == 1 && nv <= SELECT_MAX && nv > 0) {
-                select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal);
+                select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal,
+                               ((unsigned long long)kbits[1] << 32) | kbits[0],
+                               ((unsigned long long)kbits[3] << 32) | kbits[2]);
             } else {
                 if (Bp == SORT_N) sort_4096(keys);
                 else sort_smem(keys, Bp);

@@ -127,7 +127,7 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
                 "block": blk,
                 "lookup_us": {name: rel(i + 1) for i, name in enumerate(LOOKUP_PHASES)},
                 "miss_path_us": {"misses listed": rel(8), "keys built": rel(9),
-                                 "select max": rel(10), "radix passes": rel(11),
+                                 "constant bytes": rel(10), "radix passes": rel(11),
                                  "compacted": rel(12)},
                 "last_block_us": {"start": rel(24), "end": rel(25)},
                 "commit_us": {"start": rel(16), "totals read": rel(17),

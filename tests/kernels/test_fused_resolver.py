@@ -300,6 +300,51 @@ def test_fused_resolver_long_histories_many_entries_and_slots(k: int, monkeypatc
     assert held > 4096  # slots past the preloaded mask words were in use
 
 
+STAMP_PATTERNS = {  # LRU stamps of slot s (before the clock moves past them)
+    "equal": lambda s, g: torch.full_like(s, 9),  # keys differ in slot bits only
+    "few": lambda s, g: torch.randint(1, 4, s.shape, generator=g),  # ties, small bins
+    "blocks": lambda s, g: 1 + s // 16,  # runs of 16: a bin can hold exactly what is needed
+    "wide": lambda s, g: torch.randint(1, 1 << 40, s.shape, generator=g),  # every key byte varies
+    "one_high": lambda s, g: (s % 2) * (1 << 30) + 7,  # two far-apart stamps
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", list(STAMP_PATTERNS))
+@pytest.mark.parametrize("select", ["radix", "sort"])
+def test_victims_follow_lru_order_whatever_the_stamps(pattern: str, select: str,
+                                                      monkeypatch) -> None:
+    """The victim select against the reference's LRU order on crafted stamps: all equal,
+    a few values, runs of 16, 40-bit values, two far-apart values (the radix select skips
+    the key bytes every candidate shares and stops at a bin holding exactly the keys still
+    needed; the paths a random history seldom reaches)."""
+    from kernels import dropin
+
+    monkeypatch.setenv("DHISPARSE_VICTIM_SELECT", select)
+    seed = random.randrange(1 << 30)
+    h_ref, h_k, rids = make_pair(seed, 3, 2, 600, 4096, 16, layers=1,
+                                 imported_range=(2000, 3000))
+    gen = torch.Generator().manual_seed(seed)
+    check_round(h_ref, h_k, rids, selections(h_ref, rids, 2, 300, 0.0, gen))  # fill the caches
+    for rnd in range(3):
+        for h, release in ((h_ref, ref.release_staging), (h_k, dropin.release_staging)):
+            h.group.readers_finished()
+            release(h.group)
+        g = torch.Generator().manual_seed(seed + rnd)
+        top = 0
+        for rid in rids:
+            slots = torch.arange(h_ref.group.hot_slots)
+            stamps = STAMP_PATTERNS[pattern](slots, g)
+            top = max(top, int(stamps.max()))
+            for h in (h_ref, h_k):
+                h.group.request(rid).hot_stamp.copy_(stamps)
+        for h in (h_ref, h_k):  # epochs move on past every stamp
+            h.group.clock = h.group.finished_epoch = max(h.group.clock, top)
+        assert_same(snapshot(h_ref), snapshot(h_k))
+        plan = check_round(h_ref, h_k, rids, selections(h_ref, rids, 2, 300, 0.3, gen))
+        assert plan is not None and plan.copy_rows.numel() > 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES[:4], ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
 @pytest.mark.parametrize(
