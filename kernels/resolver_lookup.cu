@@ -17,7 +17,7 @@
 // compaction atomics are warp-aggregated.
 __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned nv, i32* out, unsigned* hist,
                                unsigned long long* vkeys, unsigned* scal, unsigned long long kor,
-                               unsigned long long kand) {
+                               unsigned long long kand, bool match) {
     const int lane = threadIdx.x & 31;
     const unsigned long long vary = kor ^ kand;
     unsigned long long mask = 0, prefix = 0;  // bytes decided so far, and their values
@@ -35,9 +35,11 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
             const unsigned long long key = s < Bp ? keys[s] : ~0ull;
             const bool in = key != ~0ull && (key & mask) == prefix;
             const unsigned bin = (unsigned)(key >> shift) & 255u, act = __ballot_sync(0xffffffffu, in);
-            if (in) {
+            if (in && match) {
                 const unsigned peers = __match_any_sync(act, bin);
                 if (lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+            } else if (in) {
+                atomicAdd(&hist[bin], 1u);
             }
         }
         __syncthreads();
@@ -341,7 +343,7 @@ __device__ __forceinline__ void lookup_body(
                 }
             }
             block_add(&cnt[5], n_cand);
-            if (select_mode == 1) {  // the radix select's constant bytes: one redux per half-word
+            if (select_mode >= 1) {  // the radix select's constant bytes: one redux per half-word
                 const unsigned o_lo = __reduce_or_sync(0xffffffffu, (unsigned)kor);
                 const unsigned o_hi = __reduce_or_sync(0xffffffffu, (unsigned)(kor >> 32));
                 const unsigned a_lo = __reduce_and_sync(0xffffffffu, (unsigned)kand);
@@ -354,10 +356,10 @@ __device__ __forceinline__ void lookup_body(
             __syncthreads();
             TRACE(9);  // LRU keys built
             nv = min(m, cnt[5]);
-            if (select_mode == 1 && nv <= SELECT_MAX && nv > 0) {
+            if (select_mode >= 1 && nv <= SELECT_MAX && nv > 0) {
                 select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal,
                                ((unsigned long long)kbits[1] << 32) | kbits[0],
-                               ((unsigned long long)kbits[3] << 32) | kbits[2]);
+                               ((unsigned long long)kbits[3] << 32) | kbits[2], select_mode == 1);
             } else {
                 if (Bp == SORT_N) sort_4096(keys);
                 else sort_smem(keys, Bp);

@@ -11,7 +11,7 @@ from services.common.errors import InvalidArgument
 
 from ._loader import sm_count
 
-VICTIM_SELECT = {"sort": 0, "radix": 1}
+VICTIM_SELECT = {"sort": 0, "radix": 1, "radix_atomic": 2}  # radix_atomic: experiment
 LOOKUP_BLOCKS = ("auto", "1", "2")
 MAX_COPY_BLOCKS = 1 << 16  # DHISPARSE_COPY_BLOCKS / copy_blocks
 MAX_COMMIT_PARTS = 8  # DHISPARSE_COMMIT_PARTS / commit(parts=)
