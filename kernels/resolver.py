@@ -147,8 +147,9 @@ def lookup(
     and no last block here; the ``commit`` launch sums the summaries itself (every block
     for its own offsets, block 0 into ``ws.totals``), which shortens the chain of the call.
 
-    select: how victims are ordered, "radix" (radix select of the nv oldest, nv <= 1024)
-    or "sort" (bitonic sort of every slot key); both give the reference's order.
+    select: how victims are ordered, "radix" (radix select of the nv oldest, nv <= 1024;
+    "radix_match" counts its bins with warp-aggregated atomics) or "sort" (bitonic sort of
+    every slot key); all give the reference's order (see ``default_select``).
 
     table: int64 [batch, 9] per request (resolver_common.cuh T_* columns); rows_bound: every row
     needing steps 2-3 is below it (max tail_lo of the batch).

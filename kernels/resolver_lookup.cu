@@ -13,8 +13,9 @@
 // slots leave several such bytes), stopping at the first byte whose chosen bin holds
 // exactly the keys still needed (then K* is that bin's largest possible key). The keys
 // <= K* are compacted and each one's rank is counted (nv^2 / NT compares). Writes their
-// slots to out[rank]. Non-candidates (~0) are skipped: nv <= candidates. Histogram and
-// compaction atomics are warp-aggregated.
+// slots to out[rank]. Non-candidates (~0) are skipped: nv <= candidates. Compaction
+// atomics are warp-aggregated; histogram counts too with match (select_mode 1, "radix_match"),
+// else one shared atomic per key (select_mode 2, "radix": faster on the H200).
 __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned nv, i32* out, unsigned* hist,
                                unsigned long long* vkeys, unsigned* scal, unsigned long long kor,
                                unsigned long long kand, bool match) {

@@ -11,17 +11,21 @@ from services.common.errors import InvalidArgument
 
 from ._loader import sm_count
 
-VICTIM_SELECT = {"sort": 0, "radix": 1, "radix_atomic": 2}  # radix_atomic: experiment
+# lookup's select_mode: 0 bitonic sort; 1 radix select counting bins with __match_any_sync
+# aggregation; 2 the same with one shared atomic per key (faster on the H200, 0170b9e)
+VICTIM_SELECT = {"sort": 0, "radix_match": 1, "radix": 2}
 LOOKUP_BLOCKS = ("auto", "1", "2")
 MAX_COPY_BLOCKS = 1 << 16  # DHISPARSE_COPY_BLOCKS / copy_blocks
 MAX_COMMIT_PARTS = 8  # DHISPARSE_COMMIT_PARTS / commit(parts=)
 
 
 def default_select() -> str:
-    """Victim ordering of ``lookup``: ``DHISPARSE_VICTIM_SELECT`` (radix | sort), default
-    radix. The register bitonic sort of 4096 keys costs ~20 us more at batch 1 and 20% misses
-    (H200, 612df49: 72.6 vs 52.3 us per call); an already sorted cache (cold: stamps 0,
-    slot order) skips it after one check either way."""
+    """Victim ordering of ``lookup``: ``DHISPARSE_VICTIM_SELECT`` (radix | radix_match |
+    sort), default radix. The register bitonic sort of 4096 keys costs ~20 us more at batch
+    1 and 20% misses (H200, 612df49: 72.6 vs 52.3 us per call); an already sorted cache
+    (cold: stamps 0, slot order) skips it after one check either way. radix_match counts the
+    radix bins with warp-aggregated atomics (__match_any_sync): the same victims, slower on
+    the H200 (phase trace at 0170b9e: the select 9.5 vs 6.9 us at 2% misses, batch 1)."""
     value = os.environ.get("DHISPARSE_VICTIM_SELECT", "radix")
     if value not in VICTIM_SELECT:
         raise InvalidArgument(

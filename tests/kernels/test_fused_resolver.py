@@ -70,7 +70,7 @@ def _lookup_args(batch: int, ws_batch: int, **kw) -> tuple[tuple, dict]:
 
 
 @pytest.mark.parametrize(("batch", "kw", "message"), [
-    (1, dict(select="bogus"), r"select='bogus' must be one of \['radix', 'radix_atomic', 'sort'\]"),
+    (1, dict(select="bogus"), r"select='bogus' must be one of \['radix', 'radix_match', 'sort'\]"),
     (1, dict(page_rows=0), r"page_rows=0 is below the minimum 1"),
     (1, dict(tail_rows=2**31), r"tail_rows=2147483648 exceeds the kernel limit"),
     (1, dict(hot_slots=-1), r"hot_slots=-1 is below the minimum 0"),
@@ -246,7 +246,7 @@ CASES = [  # batch, K, k, hot slots, staging rows, row bytes
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
 @pytest.mark.parametrize(
     "select,blocks", [("radix", "auto"), ("sort", "auto"), ("radix", "2"), ("radix", "1"),
-                      ("radix_atomic", "auto")]
+                      ("radix_match", "auto")]
 )
 def test_fused_resolver_matches_reference(
     case: tuple, select: str, blocks: str, monkeypatch
@@ -312,7 +312,7 @@ STAMP_PATTERNS = {  # LRU stamps of slot s (before the clock moves past them)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pattern", list(STAMP_PATTERNS))
-@pytest.mark.parametrize("select", ["radix", "sort", "radix_atomic"])
+@pytest.mark.parametrize("select", ["radix", "sort", "radix_match"])
 def test_victims_follow_lru_order_whatever_the_stamps(pattern: str, select: str,
                                                       monkeypatch) -> None:
     """The victim select against the reference's LRU order on crafted stamps: all equal,
