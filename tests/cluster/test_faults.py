@@ -20,24 +20,35 @@ def _prompts(seed: int) -> list[list[int]]:
     return [h.prompt(seed + i, 70 + 5 * i) for i in range(N)]
 
 
-def _run_and_kill(cluster, prompts, tag, kill, after_tokens=6, targets=None):
-    """Generate ``prompts`` concurrently; call ``kill()`` once the first stream has
-    ``after_tokens`` tokens. Returns (results, tokens every stream had at the kill)."""
+def _start_and_kill(pool, cluster, prompts, tag, kill, after_tokens=6, targets=None):
+    """Start generating ``prompts`` concurrently on ``pool``; call ``kill()`` once the first
+    stream has ``after_tokens`` tokens. Returns (futures, tokens every stream had at the
+    kill: filled once ``fired`` is set, fired)."""
     targets = targets or cluster.plan.decode_targets
-    fired = threading.Lock()
+    once = threading.Lock()
+    fired = threading.Event()
     progress = [0] * len(prompts)
     at_kill: list[int] = []
 
     def on_token(i: int, n: int) -> None:
         progress[i] = n
-        if n >= after_tokens and fired.acquire(blocking=False):
+        if n >= after_tokens and once.acquire(blocking=False):
             at_kill.extend(progress)
             kill()
+            fired.set()
 
+    futs = [pool.submit(h.generate, targets[i % len(targets)], f"{tag}-{i}", p, MAX_NEW,
+                        on_token=lambda n, i=i: on_token(i, n))
+            for i, p in enumerate(prompts)]
+    return futs, at_kill, fired
+
+
+def _run_and_kill(cluster, prompts, tag, kill, after_tokens=6, targets=None):
+    """``_start_and_kill``, then every stream's result. Returns (results, tokens every
+    stream had at the kill)."""
     with ThreadPoolExecutor(len(prompts)) as pool:
-        futs = [pool.submit(h.generate, targets[i % len(targets)], f"{tag}-{i}", p, MAX_NEW,
-                            on_token=lambda n, i=i: on_token(i, n))
-                for i, p in enumerate(prompts)]
+        futs, at_kill, _ = _start_and_kill(pool, cluster, prompts, tag, kill, after_tokens,
+                                           targets)
         return [f.result() for f in futs], at_kill
 
 
@@ -58,17 +69,19 @@ def test_kvstore_kill9_is_restarted_and_decoding_loses_no_token(tmp_path) -> Non
 
 def test_residency_kill9_workers_keep_decoding_and_admissions_resume(tmp_path) -> None:
     prompts = _prompts(20)
-    with h.start(tmp_path) as cluster:
+    with h.start(tmp_path) as cluster, ThreadPoolExecutor(N) as pool:
         sup = cluster.supervisor
         sup.set_restart("residency", False)
-        results, at_kill = _run_and_kill(cluster, prompts, "res",
-                                         lambda: sup.kill("residency"))
-        assert at_kill and max(at_kill) < MAX_NEW, "the kill did not land mid-run"
-        # every running request finished while the controller was down
-        assert not sup.alive("residency")
+        futs, at_kill, fired = _start_and_kill(pool, cluster, prompts, "res",
+                                               lambda: sup.kill("residency"))
+        assert fired.wait(120), "no stream reached the kill"
+        assert max(at_kill) < MAX_NEW, "the kill did not land mid-run"
+        # every running request finishes while the controller is down; one still waiting
+        # for admission at the kill waits for the restart (it cannot be admitted before)
         running = [i for i, n in enumerate(at_kill) if n > 0]
         assert running, at_kill
-        assert [results[i].error for i in running] == [None] * len(running)
+        assert [futs[i].result().error for i in running] == [None] * len(running)
+        assert not sup.alive("residency")
         # a request submitted while it is down waits, then is admitted after the restart
         late: list[h.Result] = []
         t = threading.Thread(target=lambda: late.append(
@@ -80,6 +93,7 @@ def test_residency_kill9_workers_keep_decoding_and_admissions_resume(tmp_path) -
         t.join(60)
         assert late and late[0].error is None
         assert late[0].tokens == h.reference([prompts[0]], 16)[0]
+        results = [f.result() for f in futs]
         assert [r.error for r in results] == [None] * N
         assert [r.tokens for r in results] == h.reference(prompts, MAX_NEW)
         state = h.wait_for(lambda: (s := h.residency_state(cluster)) and
