@@ -75,6 +75,7 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
         __syncthreads();
         if (whole_bin) break;
     }
+    TRACE(11);  // select: radix passes
     const unsigned long long kstar = prefix | ~mask;  // = prefix once every byte is decided
     if (threadIdx.x == 0) scal[2] = 0;
     __syncthreads();
