@@ -59,9 +59,19 @@ enum { ST_SEL_LT_M1 = 1, ST_VISIBLE = 2, ST_SEL_GE_VISIBLE = 4, ST_NOT_RESIDENT 
 #ifdef RESOLVER_TRACE
 __device__ unsigned long long g_trace[32];
 __device__ int g_trace_block;
+// A lookup cluster (resolve_lookup_c*) is traced by its rank-0 block: the request's index
+// is blockIdx.x / cluster size (1 and rank 0 outside a cluster launch).
+__device__ __forceinline__ bool trace_here() {
+    unsigned rank = 0, n = 1;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+#endif
+    return threadIdx.x == 0 && rank == 0 && (int)(blockIdx.x / n) == g_trace_block;
+}
 #define TRACE(slot)                                                               \
     do {                                                                          \
-        if (threadIdx.x == 0 && (int)blockIdx.x == g_trace_block) {               \
+        if (trace_here()) {                                                       \
             unsigned long long t_;                                                \
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                \
             g_trace[slot] = t_;                                                   \
@@ -172,7 +182,6 @@ __device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ tot
                           i64 n_stage_locs, bool write_totals, i64* s_off, i64* s_soff, int* ok,
                           unsigned* tmp, unsigned* cnt) {
     const int lane = threadIdx.x & 31;
-    const bool first = write_totals;
     i64* copy_off = totals + TOT_COLS;
     i64* stage_off = copy_off + batch + 1;
     unsigned f[SCOLS];
@@ -181,7 +190,7 @@ __device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ tot
         if (threadIdx.x < 32) {
 #pragma unroll
             for (int c = 0; c < SCOLS; ++c)
-                f[c] = lane < batch && (first || c == S_STATUS || c == S_M || c == S_NV)
+                f[c] = lane < batch && (write_totals || c == S_STATUS || c == S_M || c == S_NV)
                            ? (unsigned)__ldcg(summary + lane * SCOLS + c) : 0u;
             unsigned im = f[S_M], is = f[S_M] - f[S_NV];
 #pragma unroll
@@ -199,7 +208,7 @@ __device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ tot
                 s_off[batch] = tot_m, s_soff[batch] = tot_s;
                 *ok = st == 0 && (i64)tot_s <= n_stage_locs;
             }
-            if (first) {
+            if (write_totals) {
                 const unsigned tail = __reduce_add_sync(0xffffffffu, f[S_TAIL]), opt = __reduce_add_sync(0xffffffffu, f[S_OPT]);
                 const unsigned hot = __reduce_add_sync(0xffffffffu, f[S_HOT]), host = __reduce_add_sync(0xffffffffu, f[S_HOST]);
                 const unsigned direct = __reduce_add_sync(0xffffffffu, f[S_DIRECT]);
@@ -232,7 +241,7 @@ __device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ tot
         mv[j] = (unsigned)__ldcg(sm + S_M);
         sv[j] = mv[j] - (unsigned)__ldcg(sm + S_NV);
         f[S_STATUS] |= (unsigned)__ldcg(sm + S_STATUS);
-        if (first) {
+        if (write_totals) {
 #pragma unroll
             for (int c = S_TAIL; c <= S_DIRECT; ++c) f[c] += (unsigned)__ldcg(sm + c);
         }
@@ -244,12 +253,12 @@ __device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ tot
         const int i = 2 * threadIdx.x + j;
         if (i >= batch) continue;
         if (s_off) s_off[i] = om, s_soff[i] = os;
-        if (first) copy_off[i] = om, stage_off[i] = os;
+        if (write_totals) copy_off[i] = om, stage_off[i] = os;
         om += mv[j], os += sv[j];
     }
     st = __reduce_or_sync(0xffffffffu, f[S_STATUS]);
     if (lane == 0 && st) atomicOr(&cnt[0], st);
-    if (first) {
+    if (write_totals) {
         block_add(&cnt[1], f[S_TAIL]);
         block_add(&cnt[2], f[S_OPT]);
         block_add(&cnt[3], f[S_HOT]);
@@ -263,7 +272,7 @@ __device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ tot
             s_off[batch] = tot_m, s_soff[batch] = tot_s;
             *ok = st == 0 && (i64)tot_s <= n_stage_locs;
         }
-        if (first) {
+        if (write_totals) {
             copy_off[batch] = tot_m, stage_off[batch] = tot_s;
             totals[R_STATUS] = st ? st : (i64)tot_s > n_stage_locs ? ST_STAGING : 0;
             totals[R_COPIES] = tot_m, totals[R_STAGED] = tot_s;
