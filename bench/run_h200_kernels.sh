@@ -7,7 +7,8 @@
 # DHISPARSE_GIT_SHA names the commit in the JSON (the device copy has no .git), TRACE=1
 # adds the phase trace (TRACE_S caps it), DHISPARSE_BENCH_HOST picks our host pool
 # (bench/resolver/pool.py; shm = a kvstore segment by default here), PEER_SHM=1 runs the peer a second time on a kvstore segment,
-# CONTRAST=<pool> re-runs our copy-bound cases on that pool in the same call.
+# CONTRAST=<pool> re-runs our copy-bound cases on that pool in the same call, BENCH_ARGS adds
+# arguments to the benchmark (e.g. --profiles hit100,miss2 --no-copy-sweep).
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 # our host pool: a kvstore segment unless told otherwise (bench/README.md "Host memory")
@@ -33,7 +34,7 @@ timeout "$STATE_S" python3 -m pytest -q -p no:cacheprovider --timeout 120 -W ign
 fi
 wait
 [ "$BENCH_S" != 0 ] && timeout "$BENCH_S" python3 -m bench.bench_resolver --out "$OUT/resolver_h200.json" --reps 20 --wall-reps 5 \
-  2>&1 | tee "$OUT/bench.log" | tail -30
+  ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -30
 PEER_ARGS="--configs 2048:4096 --reps 10 --wall-reps 3 --no-skip-io --deadline-s 80"
 if [ "$PEER" = 1 ]; then
 timeout 100 python3 .peer/sglang-hisparse/bench_peer_hisparse.py $PEER_ARGS \

@@ -119,12 +119,12 @@ __device__ __forceinline__ unsigned cluster_rank() {
 // acquire at cluster scope)
 __device__ __forceinline__ void cluster_arrive() {
 #if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void cluster_wait() {
 #if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 #endif
 }
 // the shared::cluster address of `p` (this block's shared memory) in block `rank`
