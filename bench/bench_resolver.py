@@ -98,7 +98,6 @@ def command(
         | {
             "victim_select": kres_select(),
             "lookup_blocks": os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto"),
-            "lookup_cluster": os.environ.get("DHISPARSE_LOOKUP_CLUSTER", "auto"),
             "copy_blocks": os.environ.get("DHISPARSE_COPY_BLOCKS", "auto"),
             "pdl": os.environ.get("DHISPARSE_PDL", "1"),
         },

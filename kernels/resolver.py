@@ -9,7 +9,6 @@ of ``services.decode.hierarchy.resolve`` / ``apply_copies`` over a ``SourceGroup
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +37,6 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
     default_select,
     defines,
     lookup_blocks,
-    lookup_cluster,
 )
 
 T_COLS, S_COLS, TOT_COLS = 9, 10, 9  # table / summary / totals columns (resolver_common.cuh enums)
@@ -164,24 +162,13 @@ def lookup(
     check_limit("rows_bound", rows_bound, INT32_MAX * 32)
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots, visible)
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
-    wp = -(-words // 4) * 4  # bitmaps in 16-byte groups
+    shared = 12 * (-(-words // 4) * 4) + 8 * pow2  # bitmaps in 16-byte groups, then keys
     dev = selections.device.index
-    cluster, name = lookup_cluster(batch, dev), None
-    if cluster > 1:  # a cluster block also holds its share of the hit bitmap
-        fn = kernel("resolver", f"resolve_lookup_c{cluster}", dev, True, defines())
-        shared = 16 * wp + 8 * pow2
-        explicit = os.environ.get("DHISPARSE_LOOKUP_CLUSTER", "auto") != "auto"
-        if shared <= dynamic_shared_cap(fn, dev) or explicit:
-            name = "shared bytes (64 * ceil(rows_bound / 128) + 8 * pow2(B))"
-        else:
-            cluster = 1  # auto: one block per request where a cluster block's bitmaps overflow
-    if cluster == 1:
-        fn = kernel("resolver", "resolve_lookup_2" if lookup_blocks(batch, dev) == 2
-                    else "resolve_lookup", dev, True, defines())
-        shared = 12 * wp + 8 * pow2
-        name = "shared bytes (48 * ceil(rows_bound / 128) + 8 * pow2(B))"
+    blocks = lookup_blocks(batch, dev)
+    fn = kernel("resolver", "resolve_lookup_2" if blocks == 2 else "resolve_lookup", dev, True,
+                defines())
     cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
-    check_limit(name, shared, cap)
+    check_limit("shared bytes (48 * ceil(rows_bound / 128) + 8 * pow2(B))", shared, cap)
     args = (
         ptr(table),
         ptr(selections),
@@ -200,7 +187,7 @@ def lookup(
         np.int32(VICTIM_SELECT[select]),
         np.int32(bool(host_totals)),
     )
-    launch(fn, (batch * cluster,), (LOOKUP_THREADS,), args, shared)
+    launch(fn, (batch,), (LOOKUP_THREADS,), args, shared)
     ws.commit_sums = not host_totals
 
 

@@ -59,19 +59,9 @@ enum { ST_SEL_LT_M1 = 1, ST_VISIBLE = 2, ST_SEL_GE_VISIBLE = 4, ST_NOT_RESIDENT 
 #ifdef RESOLVER_TRACE
 __device__ unsigned long long g_trace[32];
 __device__ int g_trace_block;
-// A lookup cluster (resolve_lookup_c*) is traced by its rank-0 block: the request's index
-// is blockIdx.x / cluster size (1 and rank 0 outside a cluster launch).
-__device__ __forceinline__ bool trace_here() {
-    unsigned rank = 0, n = 1;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-#endif
-    return threadIdx.x == 0 && rank == 0 && (int)(blockIdx.x / n) == g_trace_block;
-}
 #define TRACE(slot)                                                               \
     do {                                                                          \
-        if (trace_here()) {                                                       \
+        if (threadIdx.x == 0 && (int)blockIdx.x == g_trace_block) {               \
             unsigned long long t_;                                                \
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                \
             g_trace[slot] = t_;                                                   \

@@ -99,77 +99,12 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
     }
 }
 
-// A request's lookup spread over a thread-block cluster of C blocks (sm_90; C = 1: one
-// block, none of this). Block `rank` takes the entries and slots of every C-th chunk of NT
-// from chunk `rank`; each builds the union bitmap of its entries, then ORs in the others'
-// (distributed shared memory, one barrier), so every block holds the whole union and its
-// ranks. Hits are marked in a bitmap split by word range among the blocks (atomic OR at
-// the owner: a row held by two slots counts once); the miss bitmap is the union minus the
-// owners' hit words, built by every block after the second barrier. Rank 0 lists misses,
-// chooses victims and writes the summary; the others add their counts to its shared ones
-// and leave at the third barrier (after which nobody reads their shared memory).
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r = 0;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-    return r;
-}
-// every thread of every block of the cluster; orders shared and global memory (release /
-// acquire at cluster scope)
-__device__ __forceinline__ void cluster_arrive() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-#endif
-}
-// the shared::cluster address of `p` (this block's shared memory) in block `rank`
-__device__ __forceinline__ unsigned dsmem(const void* p, unsigned rank) {
-    unsigned d = 0;
-#if __CUDA_ARCH__ >= 900
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(rank));
-#endif
-    return d;
-}
-__device__ __forceinline__ uint4 dsmem_ld4(unsigned addr) {
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-#if __CUDA_ARCH__ >= 900
-    asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
-#endif
-    return v;
-}
-__device__ __forceinline__ unsigned dsmem_or(unsigned addr, unsigned v) {
-    unsigned old = 0;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("atom.shared::cluster.or.b32 %0, [%1], %2;" : "=r"(old) : "r"(addr), "r"(v) : "memory");
-#endif
-    return old;
-}
-__device__ __forceinline__ void dsmem_add(unsigned addr, unsigned v) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("red.shared::cluster.add.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-#endif
-}
-__device__ __forceinline__ void dsmem_or_red(unsigned addr, unsigned v) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("red.shared::cluster.or.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-#endif
-}
-
 // shared layout of resolve_lookup (dynamic), Wp = W rounded up to a multiple of 4: need
 // bitmap [Wp] u32, miss bitmap [Wp] u32, need prefix [Wp] u16, miss prefix [Wp] u16, then
-// LRU keys [Bp] u64, then (C > 1) the hit bitmap [Wp] u32 (16-byte aligned throughout: the
-// bitmaps move in 16-byte groups).
-// UL: slot groups per thread in the hot scan (UL / C in a cluster of C); entry loops run G
-// groups (G * NT * C >= K * k where possible: a group past the last entry would still cost
-// its instructions).
-template <int UL, int C>
+// LRU keys [Bp] u64 (16-byte aligned throughout: the bitmaps move in 16-byte groups).
+// UL: slot groups per thread in the hot scan; entry loops run G groups (G * NT >= K * k
+// where possible: a group past the last entry would still cost its instructions).
+template <int UL>
 __device__ __forceinline__ void lookup_body(
     const i64* __restrict__ table, const i64* __restrict__ sel, const i64* __restrict__ visible,
     i64* __restrict__ locs, i64* __restrict__ need_loc, i64* __restrict__ misses,
@@ -183,18 +118,13 @@ __device__ __forceinline__ void lookup_body(
     __shared__ int last;
     __shared__ unsigned hist[256], scal[4];
     __shared__ unsigned long long vkeys[SELECT_MAX];
-    __shared__ unsigned cleared_all;  // C > 1: hits cleared over the cluster (every block's sum)
-    const unsigned rank = C > 1 ? cluster_rank() : 0u;
-    const int b = blockIdx.x / C, Kk = K * k, Wp = (W + 3) & ~3;
-    constexpr int ES = NT * C;  // entry and slot stride of a block
-    const int Wc = (((Wp + C - 1) / C) + 3) & ~3;  // C > 1: hit-bitmap words per owner block
+    const int b = blockIdx.x, Kk = K * k, Wp = (W + 3) & ~3;
     const i64* row = table + (i64)b * TCOLS;
     unsigned* need_bm = reinterpret_cast<unsigned*>(smem);
     unsigned* miss_bm = need_bm + Wp;
     u16* need_pre = reinterpret_cast<u16*>(miss_bm + Wp);
     u16* miss_pre = need_pre + Wp;
     unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem + (size_t)12 * Wp);
-    unsigned* hit_bm = reinterpret_cast<unsigned*>(smem + (size_t)12 * Wp + (size_t)8 * Bp);
     const i64 tail_lo = row[T_TAIL_LO], tail_hi = row[T_TAIL_HI];
     const i64* tail_locs = ptr<const i64>(row, T_TAIL_LOCS);
     const i64* page_map = ptr<const i64>(row, T_PAGE_MAP);
@@ -210,8 +140,6 @@ __device__ __forceinline__ void lookup_body(
 #endif
 
     bitmap_fill(need_bm, nullptr, Wp);
-    if (C > 1) bitmap_fill(hit_bm, nullptr, Wp);
-    if (C > 1 && threadIdx.x == 0) cleared_all = 0u;
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
     if (threadIdx.x < 4) kbits[threadIdx.x] = threadIdx.x < 2 ? 0u : ~0u;
     __syncthreads();
@@ -226,19 +154,19 @@ __device__ __forceinline__ void lookup_body(
     unsigned n_tail = 0, n_opt = 0, status = 0;
     auto pass1 = [&](auto groups) {
         constexpr int G = decltype(groups)::value;
-        for (int e0 = rank * NT + threadIdx.x; e0 < Kk; e0 += ES * G) {
+        for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
             i64 r[G], vis[G], loc[G], pg[G], pm[G];
             bool tail[G], page[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
-                const int e = e0 + q * ES;
+                const int e = e0 + q * NT;
                 r[q] = e < Kk ? s_b[e] : -1;
                 vis[q] = K == 1 ? vis1 : e < Kk ? visible[(i64)b * K + e / k] : 0;
             }
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 unsigned bad = 0;
-                if (e0 + q * ES < Kk) {
+                if (e0 + q * NT < Kk) {
                     if (vis[q] < 0 || vis[q] > tail_hi) bad |= ST_VISIBLE;
                     if (r[q] < -1) bad |= ST_SEL_LT_M1;
                     if (r[q] >= vis[q]) bad |= ST_SEL_GE_VISIBLE;
@@ -262,7 +190,7 @@ __device__ __forceinline__ void lookup_body(
             }
 #pragma unroll
             for (int q = 0; q < G; ++q) {
-                const int e = e0 + q * ES;
+                const int e = e0 + q * NT;
                 if (page[q]) {
                     loc[q] = pm[q] * p + (r[q] - pg[q] * p);
                     ++n_opt;
@@ -280,33 +208,15 @@ __device__ __forceinline__ void lookup_body(
             }
         }
     };
-    if (Kk <= ES) pass1(Groups<1>{});
-    else if (Kk <= 2 * ES || UL < 4) pass1(Groups<2>{});
+    if (Kk <= NT) pass1(Groups<1>{});
+    else if (Kk <= 2 * NT || UL < 4) pass1(Groups<2>{});
     else pass1(Groups<4>{});
     block_add(&cnt[0], n_tail);
     block_add(&cnt[1], n_opt);
     if (status) atomicOr(&cnt[6], status);
     __syncthreads();
     TRACE(1);  // pass 1 done
-    if constexpr (C > 1) {
-        cluster_arrive();  // every block's pass-1 bits are in its bitmap
-        cluster_wait();
-        // OR in the other blocks' bits: monotone (a word read while its block ORs more
-        // union bits in still holds only union bits, and at least that block's own)
-        uint4* nb4 = reinterpret_cast<uint4*>(need_bm);
-        for (int i = threadIdx.x; i < (Wp >> 2); i += NT) {
-            uint4 o[C - 1];
-#pragma unroll
-            for (int j = 0; j < C - 1; ++j) o[j] = dsmem_ld4(dsmem(nb4 + i, (rank + 1 + j) % C));
-            uint4 v = nb4[i];
-#pragma unroll
-            for (int j = 0; j < C - 1; ++j) v.x |= o[j].x, v.y |= o[j].y, v.z |= o[j].z, v.w |= o[j].w;
-            nb4[i] = v;
-        }
-        __syncthreads();
-    } else {
-        bitmap_fill(miss_bm, need_bm, Wp);
-    }
+    bitmap_fill(miss_bm, need_bm, Wp);
     const unsigned u = bitmap_prefix(need_bm, need_pre, Wp, tmp);  // syncs
     TRACE(2);  // union prefix
 
@@ -321,35 +231,31 @@ __device__ __forceinline__ void lookup_body(
         const i64* hot_rows = ptr<const i64>(row, T_HOT_ROWS);
         const i64* hot_locs = ptr<const i64>(row, T_HOT_LOCS);
         unsigned n_hit = 0, n_cleared = 0;
-        constexpr int ULC = UL / C > 0 ? UL / C : 1;
-        for (int s0 = rank * NT + threadIdx.x; s0 < Bp; s0 += ES * ULC) {
-            i64 hr[ULC], hl[ULC];
-            bool hit[ULC];
+        for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * UL) {
+            i64 hr[UL], hl[UL];
+            bool hit[UL];
 #pragma unroll
-            for (int q = 0; q < ULC; ++q) {  // hot_locs with hot_rows: no dependent round trip
-                const int s = s0 + q * ES;
+            for (int q = 0; q < UL; ++q) {  // hot_locs with hot_rows: no dependent round trip
+                const int s = s0 + q * NT;
                 hr[q] = s < B ? hot_rows[s] : -1;
                 hl[q] = s < B ? hot_locs[s] : 0;
             }
 #pragma unroll
-            for (int q = 0; q < ULC; ++q) hit[q] = hr[q] >= 0 && hr[q] < nbits && test_bit(need_bm, hr[q]);
+            for (int q = 0; q < UL; ++q) hit[q] = hr[q] >= 0 && hr[q] < nbits && test_bit(need_bm, hr[q]);
             // hit slots go out as a mask (word s / 32 = the ballot of a warp's 32 slots: one
             // coalesced store, and the commit stamps them with coalesced stores too). Bp is a
-            // multiple of 32 (sort_size), so every lane of a warp runs every group.
+            // multiple of NT * UL (sort_size), so every lane runs every group.
 #pragma unroll
-            for (int q = 0; q < ULC; ++q) {
-                const int s = s0 + q * ES;
+            for (int q = 0; q < UL; ++q) {
+                const int s = s0 + q * NT;
                 const unsigned bal = __ballot_sync(0xffffffffu, hit[q]);
                 if ((threadIdx.x & 31) == 0 && s < B) hit_mask[(i64)b * B + (s >> 5)] = (i32)bal;
                 if (hit[q]) {
                     need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, hr[q])] = hl[q];
                     const unsigned bit = 1u << (hr[q] & 31);
-                    const int w = (int)(hr[q] >> 5);
                     // a bit cleared here is a miss less (counted once even if two slots held
-                    // the same row): m = u - cleared, without rescanning the miss bitmap; in a
-                    // cluster the hit bit is set at the word's owner block instead
-                    if (C == 1) n_cleared += (atomicAnd(&miss_bm[w], ~bit) & bit) != 0u;
-                    else n_cleared += (dsmem_or(dsmem(&hit_bm[w], (unsigned)(w / Wc)), bit) & bit) == 0u;
+                    // the same row): m = u - cleared, without rescanning the miss bitmap
+                    n_cleared += (atomicAnd(&miss_bm[hr[q] >> 5], ~bit) & bit) != 0u;
                     ++n_hit;
                 }
             }
@@ -357,72 +263,48 @@ __device__ __forceinline__ void lookup_body(
         block_add(&cnt[4], n_hit);
         block_add(&cnt[7], n_cleared);
         __syncthreads();
-        if constexpr (C > 1) {
-            // every block's cleared count into every block's total, then the barrier after
-            // which every hit bit, hit-mask word and need_loc store of the cluster is visible
-            if (threadIdx.x < C) dsmem_add(dsmem(&cleared_all, threadIdx.x), cnt[7]);
-            cluster_arrive();
-            cluster_wait();
-        }
         TRACE(3);  // hot scan
-        if (u > (C > 1 ? cleared_all : cnt[7])) {
-            if constexpr (C > 1) {  // misses = union minus the owners' hit words
-                const uint4* nb4 = reinterpret_cast<const uint4*>(need_bm);
-                const uint4* hb4 = reinterpret_cast<const uint4*>(hit_bm);
-                uint4* mb4 = reinterpret_cast<uint4*>(miss_bm);
-                for (int i = threadIdx.x; i < (Wp >> 2); i += NT) {
-                    const unsigned o = (unsigned)(4 * i / Wc);
-                    const uint4 h = o == rank ? hb4[i] : dsmem_ld4(dsmem(hb4 + i, o)), n = nb4[i];
-                    mb4[i] = make_uint4(n.x & ~h.x, n.y & ~h.y, n.z & ~h.z, n.w & ~h.w);
-                }
-                __syncthreads();
-            }
-            m = bitmap_prefix(miss_bm, miss_pre, Wp, tmp);  // syncs; m = u - cleared
-        }
+        if (u > cnt[7]) m = bitmap_prefix(miss_bm, miss_pre, Wp, tmp);  // syncs; m = u - cleared
         TRACE(4);  // miss prefix (skipped without misses)
         // pass 2: entries of the union get a hot location or an encoded miss rank (without
         // misses every union entry is a hit: no miss-bit test)
         unsigned n_hot = 0, n_host = 0;
         auto pass2 = [&](auto groups) {
             constexpr int G = decltype(groups)::value;
-            for (int e0 = rank * NT + threadIdx.x; e0 < Kk; e0 += ES * G) {
+            for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
                 i64 l[G], r[G], hl[G];
                 bool miss[G];
 #pragma unroll
                 for (int q = 0; q < G; ++q) {
-                    const int e = e0 + q * ES;
+                    const int e = e0 + q * NT;
                     l[q] = e < Kk ? l_b[e] : -1;
                     r[q] = e < Kk ? s_b[e] : -1;
                 }
 #pragma unroll
                 for (int q = 0; q < G; ++q) {
                     miss[q] = m > 0 && l[q] == SENTINEL && test_bit(miss_bm, r[q]);
-                    // (in a cluster another block may have written it: read through L2)
-                    const i64* nl = need_loc + (i64)b * Kk;
-                    hl[q] = l[q] == SENTINEL && !miss[q]
-                                ? (C > 1 ? __ldcg(nl + rank_of(need_bm, need_pre, r[q])) : nl[rank_of(need_bm, need_pre, r[q])])
-                                : 0;
+                    hl[q] = l[q] == SENTINEL && !miss[q] ? need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, r[q])] : 0;
                 }
 #pragma unroll
                 for (int q = 0; q < G; ++q) {
                     if (l[q] != SENTINEL) continue;
                     if (miss[q]) {
-                        l_b[e0 + q * ES] = -2 - (i64)rank_of(miss_bm, miss_pre, r[q]);
+                        l_b[e0 + q * NT] = -2 - (i64)rank_of(miss_bm, miss_pre, r[q]);
                         ++n_host;
                     } else {
-                        l_b[e0 + q * ES] = hl[q];
+                        l_b[e0 + q * NT] = hl[q];
                         ++n_hot;
                     }
                 }
             }
         };
-        if (Kk <= ES) pass2(Groups<1>{});
-        else if (Kk <= 2 * ES || UL < 4) pass2(Groups<2>{});
+        if (Kk <= NT) pass2(Groups<1>{});
+        else if (Kk <= 2 * NT || UL < 4) pass2(Groups<2>{});
         else pass2(Groups<4>{});
         block_add(&cnt[2], n_hot);
         block_add(&cnt[3], n_host);
         TRACE(5);  // pass 2 (thread 0's share)
-        if (m > 0 && rank == 0) {
+        if (m > 0) {
             // misses in ascending row order
             const int chunk = (W + NT - 1) / NT, lo = threadIdx.x * chunk, hi = min(W, lo + chunk);
             for (int w = lo; w < hi; ++w) {
@@ -489,15 +371,6 @@ __device__ __forceinline__ void lookup_body(
         }
     }
     __syncthreads();
-    if constexpr (C > 1) {
-        // the other blocks' counts into rank 0's (read there after the barrier); past it
-        // nobody reads another block's shared memory, so they may leave
-        if (rank != 0 && threadIdx.x < 5) dsmem_add(dsmem(&cnt[threadIdx.x], 0), cnt[threadIdx.x]);
-        if (rank != 0 && threadIdx.x == 6 && cnt[6]) dsmem_or_red(dsmem(&cnt[6], 0), cnt[6]);
-        cluster_arrive();
-        cluster_wait();
-        if (rank != 0) return;
-    }
     TRACE(6);  // misses listed, victims chosen
     if (threadIdx.x == 0) {
         i64* sm = summary + (i64)b * SCOLS;
@@ -542,15 +415,6 @@ __device__ __forceinline__ void lookup_body(
 #define LOOKUP_PASS table, sel, visible, locs, need_loc, misses, victims, hit_mask, summary, totals, batch, K, \
                     k, B, Bp, T, p, W, finished_epoch, select_mode, sums
 // One block per SM (64 registers, 4 loads in flight per thread) ...
-extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) { lookup_body<4, 1>(LOOKUP_PASS); }
-// ... or two (32 registers, 2 loads in flight): a batch above the SM count in one wave ...
-extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2(LOOKUP_ARGS) { lookup_body<2, 1>(LOOKUP_PASS); }
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-// ... or a request per cluster of 2 or 4 blocks (one per SM): a small batch on more SMs.
-extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(NT) resolve_lookup_c2(LOOKUP_ARGS) {
-    lookup_body<4, 2>(LOOKUP_PASS);
-}
-extern "C" __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(NT) resolve_lookup_c4(LOOKUP_ARGS) {
-    lookup_body<4, 4>(LOOKUP_PASS);
-}
-#endif
+extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) { lookup_body<4>(LOOKUP_PASS); }
+// ... or two (32 registers, 2 loads in flight): a batch above the SM count in one wave.
+extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2(LOOKUP_ARGS) { lookup_body<2>(LOOKUP_PASS); }

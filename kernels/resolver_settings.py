@@ -15,7 +15,6 @@ from ._loader import sm_count
 # aggregation; 2 the same with one shared atomic per key (faster on the H200, 0170b9e)
 VICTIM_SELECT = {"sort": 0, "radix_match": 1, "radix": 2}
 LOOKUP_BLOCKS = ("auto", "1", "2")
-LOOKUP_CLUSTER = ("auto", "1", "2", "4")
 MAX_COPY_BLOCKS = 1 << 16  # DHISPARSE_COPY_BLOCKS / copy_blocks
 MAX_COMMIT_PARTS = 8  # DHISPARSE_COMMIT_PARTS / commit(parts=)
 
@@ -60,31 +59,6 @@ def lookup_blocks(batch: int, device: int) -> int:
     if value == "auto":
         return 2 if batch > sm_count(device) else 1
     return int(value)
-
-
-def lookup_cluster(batch: int, device: int) -> int:
-    """Blocks per request of the lookup (a thread-block cluster, sm_90 and later):
-    ``DHISPARSE_LOOKUP_CLUSTER`` (auto | 1 | 2 | 4). auto = the most of 4 and 2 whose clusters
-    fit the batch within one block per SM, on a GPU with clusters, while
-    ``DHISPARSE_LOOKUP_BLOCKS`` is auto; else 1 (one block per request). Same results either
-    way. ``lookup`` takes 1 where the shared bitmaps of a cluster block would not fit."""
-    value = os.environ.get("DHISPARSE_LOOKUP_CLUSTER", "auto")
-    if value not in LOOKUP_CLUSTER:
-        raise InvalidArgument(
-            f"DHISPARSE_LOOKUP_CLUSTER={value!r} must be one of {LOOKUP_CLUSTER}")
-    import torch
-
-    clusters = torch.cuda.get_device_capability(device) >= (9, 0)
-    if value != "auto":
-        if int(value) > 1 and not clusters:
-            raise InvalidArgument(
-                f"DHISPARSE_LOOKUP_CLUSTER={value} needs a GPU of compute capability 9.0 or "
-                f"later; this one is {torch.cuda.get_device_capability(device)}")
-        return int(value)
-    if not clusters or os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto") != "auto":
-        return 1
-    sms = sm_count(device)
-    return next((c for c in (4, 2) if batch * c <= sms), 1)
 
 
 def _count(var: str, limit: int) -> int:

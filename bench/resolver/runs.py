@@ -1,5 +1,5 @@
 """The timed runs of the resolver benchmark: every (row size, top_k, batch, profile) case,
-K = 8 identical selections, and the lookup layout sweep (blocks per SM, cluster)."""
+K = 8 identical selections, and the lookup blocks-per-SM sweep."""
 
 from __future__ import annotations
 
@@ -130,27 +130,21 @@ def run_k8(args: dict, rec: dict, st: State, host, pool, item: int, k: int, flus
     )
 
 
-LOOKUP_LAYOUTS = (  # (DHISPARSE_LOOKUP_BLOCKS, DHISPARSE_LOOKUP_CLUSTER) of the sweep
-    ("1", "1"), ("2", "1"), ("auto", "2"), ("auto", "4"))
-
-
 def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k: int) -> None:
-    """Lookup with 1 and 2 blocks per SM (DHISPARSE_LOOKUP_BLOCKS) and a cluster of 2 and 4
-    blocks per request (DHISPARSE_LOOKUP_CLUSTER) at batch 1, 32 and 160, plus launch 1
-    alone. Calls take windows after the main cases' (never read by them; batch 160 re-reads
-    batch 32's rows of its first 32 requests); a case short of unread rows is left out."""
+    """Lookup with 1 and 2 blocks per SM (DHISPARSE_LOOKUP_BLOCKS) at batch 32 and 160, plus
+    launch 1 alone. Calls take windows after the main cases' (never read by them; batch 160
+    re-reads batch 32's rows of its first 32 requests)."""
     flush = Flusher(pool.device)
     calls = 1 + args["warmup"] + args["reps"] + args["wall_reps"]
     out = []
-    for bs in (b for b in (1, 32, 160) if b <= st.P):
+    for bs in (b for b in (32, 160) if b <= st.P):
         for prof in ("hit100", "miss2", "miss20"):
             m, off = missed_rows(prof, k), calls
-            for blocks, cluster in LOOKUP_LAYOUTS:
+            for blocks in ("1", "2"):
                 n = args["warmup"] + args["reps"]
                 if m * (off + 2 * n) > st.nonres.shape[1]:
                     continue
                 os.environ["DHISPARSE_LOOKUP_BLOCKS"] = blocks
-                os.environ["DHISPARSE_LOOKUP_CLUSTER"] = cluster
                 case = Case(st, host, pool, item, bs, 1, k, m, False)
                 ok = case.check(off)["ok"]
                 us = {}  # both launches, then the lookup alone, each on rows unread so far
@@ -166,19 +160,17 @@ def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k:
                 r = {
                     "batch": bs,
                     "profile": prof,
-                    "lookup_blocks_per_sm": 1 if blocks == "auto" else int(blocks),
-                    "lookup_cluster": int(cluster),
+                    "lookup_blocks_per_sm": int(blocks),
                     "ok": ok,
                     **us,
                 }
                 out.append(r)
                 print(
-                    f"blocks/SM={blocks} cluster={cluster} bs={bs:3d} {prof:6s} us={r['us']:7.1f} "
+                    f"blocks/SM={blocks} bs={bs:3d} {prof:6s} us={r['us']:7.1f} "
                     f"lookup_us={r['lookup_us']:7.1f} ok={ok}",
                     flush=True,
                 )
     os.environ.pop("DHISPARSE_LOOKUP_BLOCKS", None)
-    os.environ.pop("DHISPARSE_LOOKUP_CLUSTER", None)
     rec["lookup_blocks_sweep"] = {"item_bytes": item, "top_k": k, "cases": out}
     del flush
 

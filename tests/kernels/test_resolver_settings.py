@@ -90,30 +90,3 @@ def test_compile_variants_follow_the_environment(monkeypatch) -> None:
     with pytest.raises(InvalidArgument, match="DHISPARSE_RESOLVER_LINEINFO='yes' must be 0 or 1"):
         kres.defines()
 
-
-
-def test_lookup_cluster_setting_is_validated_and_auto_fills_the_sms(monkeypatch) -> None:
-    import torch
-
-    from kernels import resolver_settings as rs
-
-    monkeypatch.setattr(rs, "sm_count", lambda device: 132)
-    cap = [(9, 0)]
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: cap[0])
-    for bad in ("0", "3", "8", "two"):
-        monkeypatch.setenv("DHISPARSE_LOOKUP_CLUSTER", bad)
-        with pytest.raises(InvalidArgument, match=f"DHISPARSE_LOOKUP_CLUSTER='{bad}' must be"):
-            rs.lookup_cluster(1, 0)
-    monkeypatch.setenv("DHISPARSE_LOOKUP_CLUSTER", "auto")
-    # clusters of 4 while 4 blocks per request fit the 132 SMs, then 2, then one block
-    assert [rs.lookup_cluster(b, 0) for b in (1, 32, 33, 34, 66, 67, 160)] == [4, 4, 4, 2, 2, 1, 1]
-    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", "1")  # an explicit block count: no cluster
-    assert rs.lookup_cluster(1, 0) == 1
-    monkeypatch.setenv("DHISPARSE_LOOKUP_CLUSTER", "2")  # explicit wins, even for a big batch
-    assert rs.lookup_cluster(160, 0) == 2
-    monkeypatch.delenv("DHISPARSE_LOOKUP_BLOCKS")
-    cap[0] = (8, 0)  # no clusters before Hopper
-    with pytest.raises(InvalidArgument, match=r"DHISPARSE_LOOKUP_CLUSTER=2 needs .* 9\.0"):
-        rs.lookup_cluster(1, 0)
-    monkeypatch.setenv("DHISPARSE_LOOKUP_CLUSTER", "auto")
-    assert rs.lookup_cluster(1, 0) == 1
