@@ -259,9 +259,9 @@ def commit(
     ``stage_locs[0..]`` in (request, ascending row) order; if they do not fit, status gets
     ST_STAGING and nothing changes.
 
-    copy_blocks: blocks sharing the miss copies; 0 = the kernel's rule (2 per SM launched,
-    about one per 512 copy items of the mean request's misses at work, at least 16); None =
-    ``default_copy_blocks()``.
+    copy_blocks: blocks sharing the miss copies; 0 = the kernel's rule (2 per SM launched;
+    at work 16 while the batch misses at most 1024 rows per request, else about one per 512
+    copy items of the mean request's misses, at least 16); None = ``default_copy_blocks()``.
     parts: commit blocks per request, each stamping the hits of 1 / parts of its slots
     (part 0 also takes the misses); 0 = ``commit_parts_rule``; None =
     ``default_commit_parts()``.

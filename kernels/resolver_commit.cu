@@ -58,6 +58,7 @@ __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict
 #define COPY_BLOCKS_MIN 16
 #define HM_SLOTS 8  // hit-mask slots per commit thread loaded with the summary
 #define COPY_ITEMS_PER_BLOCK 512  // W-byte items of the mean request per copy block at work
+#define COPY_SPARSE_ROWS 1024  // a batch missing at most this many rows per request: COPY_BLOCKS_MIN
 
 // grid: [0, batch * parts) commit blocks, [batch * parts, gridDim.x) copy blocks (n_layers
 // may be 0). Commit block x serves request x % batch, part x / batch: part p stamps the hits
@@ -129,16 +130,22 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     if (!commit_block) {
         const i64 n_copies = sums_here ? s_off[batch] : totals[R_COPIES];
         if (n_copies == 0 || n_layers == 0) return;
-        // Copy blocks at work: copy_blocks, or (0) about one per COPY_ITEMS_PER_BLOCK W-byte
+        // Copy blocks at work: copy_blocks, or (0) COPY_BLOCKS_MIN while the mean request
+        // misses at most COPY_SPARSE_ROWS rows, else about one per COPY_ITEMS_PER_BLOCK W-byte
         // items of the mean request's misses in one layer, at least COPY_BLOCKS_MIN (layers
         // are copied one after the other, so the requests in flight at once depend on the
         // rows per request, not on the layer count). Few misses per request spread over many
-        // requests read fastest with fewer rows in flight (H200, 656 B rows, 20% misses,
-        // batch 160: 1788 us with 264 blocks, 1508 with 33, 1411 with 16), while a dense
-        // request wants every block (cold, batch 1: 53.7 us with 264, 56.1 with 16).
+        // requests read fastest with few rows in flight, while dense requests want every
+        // block (H200, top_k 2048, 100K-row requests, whole calls by copy blocks, 16 / the
+        // rule before the sparse case / 264: 410 rows per request, batch 160: 1526 / 1613 /
+        // 1813 us for 656 B rows, 1632 / 1941 / 2058 for 1152 B; batch 32: 274 / 283 / 287 and
+        // 332 / 353 / 353; 2048 rows per request, batch 160: 5317 / 4899 / 4788 and 9077 /
+        // 7609 / 7593; bench/results/copy_blocks_h200_186a8d1.json).
         const int ncb = gridDim.x - n_commit;
         int active = copy_blocks;
-        if (active <= 0) {
+        if (active <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch) {
+            active = COPY_BLOCKS_MIN;
+        } else if (active <= 0) {
             const i64 per_request = (n_copies * (row_bytes / W) + batch - 1) / batch;
             active = (int)min((i64)ncb, max((i64)COPY_BLOCKS_MIN, (per_request + COPY_ITEMS_PER_BLOCK - 1) /
                                                                       COPY_ITEMS_PER_BLOCK));
