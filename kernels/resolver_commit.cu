@@ -140,7 +140,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         // rule before the sparse case / 264: 410 rows per request, batch 160: 1526 / 1613 /
         // 1813 us for 656 B rows, 1632 / 1941 / 2058 for 1152 B; batch 32: 274 / 283 / 287 and
         // 332 / 353 / 353; 2048 rows per request, batch 160: 5317 / 4899 / 4788 and 9077 /
-        // 7609 / 7593; bench/results/copy_blocks_h200_186a8d1.json).
+        // 7609 / 7593; bench/results/copy_blocks_h200_186a8d1.json). The mean decides: a dense
+        // request batched with light ones also gets COPY_BLOCKS_MIN (not measured).
         const int ncb = gridDim.x - n_commit;
         int active = copy_blocks;
         if (active <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch) {

@@ -62,6 +62,9 @@ def command(
             cold, m = prof == "cold", missed_rows(prof, top_k)
             case = Case(st, host, pool, item, bs, 1, top_k, m, cold)
             have = (st.tail_lo // top_k) if cold else (st.nonres.shape[1] // m if m else 1 << 30)
+            if reps + warmup + 1 > have:
+                raise SystemExit(f"reps + warmup + 1 = {reps + warmup + 1} calls need more row "
+                                 f"windows than the {have} of {bs}:{prof}; lower --reps")
             for n in counts:
                 off = window.get((bs, prof), 0)
                 if off + reps + warmup + 1 > have:
