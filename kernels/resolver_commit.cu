@@ -144,7 +144,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         // request batched with light ones also gets COPY_BLOCKS_MIN (not measured).
         const int ncb = gridDim.x - n_commit;
         int active = copy_blocks;
-        if (active <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch) {
+        const bool sparse = active <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch;
+        if (sparse) {
             active = COPY_BLOCKS_MIN;
         } else if (active <= 0) {
             const i64 per_request = (n_copies * (row_bytes / W) + batch - 1) / batch;
@@ -154,8 +155,9 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         active = min(active, ncb);
         // the working blocks are spread over the launched ones (every step-th): consecutive
         // blocks share SMs, and a commit launched with PDL is placed in index order onto
-        // whatever the lookup left free
-        const int step = ncb / active, cb = (int)blockIdx.x - n_commit;
+        // whatever the lookup left free; the sparse rule takes the first ones, as a launch of
+        // exactly that many would (EXPERIMENT)
+        const int step = sparse ? 1 : ncb / active, cb = (int)blockIdx.x - n_commit;
         if (cb % step != 0 || cb / step >= active) return;
         if (!sums_here) {
             for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
