@@ -156,7 +156,9 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         // the working blocks are spread over the launched ones (every step-th): consecutive
         // blocks share SMs, and a commit launched with PDL is placed in index order onto
         // whatever the lookup left free; the sparse rule takes the first ones, as a launch of
-        // exactly that many would (EXPERIMENT)
+        // exactly that many would (H200, c4dec7e, 20% misses, batch 32 / 160: 273 / 1481 us
+        // for 656 B rows, 333 / 1667 for 1152 B, against 286 / 1531 and 334 / 1769 with every
+        // 16th at work, runs 32 and 31)
         const int step = sparse ? 1 : ncb / active, cb = (int)blockIdx.x - n_commit;
         if (cb % step != 0 || cb / step >= active) return;
         if (!sums_here) {
