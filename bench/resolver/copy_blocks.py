@@ -17,7 +17,7 @@ import torch
 
 from bench.common import Flusher, environment, h2d_memcpy_gbps, time_gpu, write_json
 from bench.resolver.case import Case
-from bench.resolver.pool import State, alloc_host, fill_random, missed_rows
+from bench.resolver.pool import State, Windows, alloc_host, fill_random, missed_rows
 
 
 def parse_cases(cases: str) -> list[tuple[int, str]]:
@@ -57,19 +57,13 @@ def command(
         host = host_raw[: P * seq_len * item]
         st = State(P, seq_len, hot, dev)
         pool = torch.empty(st.pool_rows, item, dtype=torch.uint8, device=dev)
-        window: dict[tuple[int, str], int] = {}
+        windows = Windows()
         for bs, prof in todo:
             cold, m = prof == "cold", missed_rows(prof, top_k)
             case = Case(st, host, pool, item, bs, 1, top_k, m, cold)
-            have = (st.tail_lo // top_k) if cold else (st.nonres.shape[1] // m if m else 1 << 30)
-            if reps + warmup + 1 > have:
-                raise SystemExit(f"reps + warmup + 1 = {reps + warmup + 1} calls need more row "
-                                 f"windows than the {have} of {bs}:{prof}; lower --reps")
+            have = st.windows(top_k, m, cold)
             for n in counts:
-                off = window.get((bs, prof), 0)
-                if off + reps + warmup + 1 > have:
-                    off = 0
-                window[(bs, prof)] = off + reps + warmup + 1
+                off = windows.take((bs, prof), reps + warmup + 1, have)
                 case.copy_blocks = n
                 ok = case.check(off)["ok"]
                 us = statistics.median(time_gpu(

@@ -107,6 +107,13 @@ class State:
         )
         self.pool_rows = P * B + P * TAIL_ROWS + STAGING_ROWS
 
+    def windows(self, k: int, m: int, cold: bool) -> int:
+        """Calls (of ``k``-row selections, ``m`` never-read rows per request) this state
+        serves before a row is read twice: cold calls take ``k`` rows of any kind."""
+        if cold:
+            return self.tail_lo // k
+        return self.nonres.shape[1] // m if m else 1 << 30
+
     def table(self, bs: int) -> torch.Tensor:
         rows = [
             [
@@ -145,3 +152,21 @@ class State:
             sel = torch.cat([hits, self.nonres[:bs, i * m : (i + 1) * m]], 1)
             sel = sel.gather(1, torch.rand(bs, k, device=sel.device).argsort(1))
         return sel[:, None, :].expand(bs, K, k).contiguous()
+
+
+class Windows:
+    """Row windows of a sweep's timed calls, per case key: each setting takes the next ``n``
+    windows no earlier setting of the case read, starting over at window 0 once the case has
+    too few left (the sweeps flush L2 before each timing). More than a case has is refused."""
+
+    def __init__(self) -> None:
+        self._next: dict[object, int] = {}
+
+    def take(self, key: object, n: int, have: int) -> int:
+        if n > have:
+            raise ValueError(f"{n} calls need more row windows than the {have} of case {key}")
+        off = self._next.get(key, 0)
+        if off + n > have:
+            off = 0
+        self._next[key] = off + n
+        return off

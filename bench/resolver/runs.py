@@ -11,7 +11,7 @@ import torch
 
 from bench.common import Flusher, h2d_memcpy_gbps, summarize, time_gpu, time_wall, write_json
 from bench.resolver.case import Case
-from bench.resolver.pool import State, alloc_host, fill_random, missed_rows
+from bench.resolver.pool import State, Windows, alloc_host, fill_random, missed_rows
 from bench.resolver.report import fit_gbps, print_case
 
 
@@ -55,7 +55,7 @@ def run_ours(args: dict, rec: dict) -> None:
                 for prof in profiles:
                     cold = prof == "cold"
                     m = missed_rows(prof, k)
-                    if (k * calls > st.tail_lo) if cold else (m * calls > st.nonres.shape[1]):
+                    if calls > st.windows(k, m, cold):
                         continue  # not enough never-read rows for every call
                     case = Case(st, host, pool, item, bs, 1, k, m, cold)
                     r = {
@@ -142,7 +142,7 @@ def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k:
             m, off = missed_rows(prof, k), calls
             for blocks in ("1", "2"):
                 n = args["warmup"] + args["reps"]
-                if m * (off + 2 * n) > st.nonres.shape[1]:
+                if off + 2 * n > st.windows(k, m, False):
                     continue
                 os.environ["DHISPARSE_LOOKUP_BLOCKS"] = blocks
                 case = Case(st, host, pool, item, bs, 1, k, m, False)
@@ -196,19 +196,16 @@ def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None
     settings = [(0, "radix", "1"), (0, "radix", "0"), (every, "radix", "1"),
                 (16, "radix", "1"), (66, "radix", "1"), (0, "sort", "1")]
     pdl_before = os.environ.get("DHISPARSE_PDL")
-    out, window = [], {}
+    out, windows = [], Windows()
     for bs, prof in COPY_SWEEP:
         if bs > st.P:
             continue
         cold = prof == "cold"
         m = missed_rows(prof, k)
         case = Case(st, host, pool, item, bs, 1, k, m, cold)
-        have = (st.tail_lo // k) if cold else (st.nonres.shape[1] // m if m else 1 << 30)
+        have = st.windows(k, m, cold)
         for blocks, select, pdl in settings:
-            off = window.get((bs, prof), 0)
-            if off + reps + warm + 1 > have:  # out of never-read windows: start over
-                off = 0
-            window[(bs, prof)] = off + reps + warm + 1
+            off = windows.take((bs, prof), reps + warm + 1, have)
             case.copy_blocks, case.select = blocks, select
             os.environ["DHISPARSE_PDL"] = pdl
             ok = case.check(off)["ok"]

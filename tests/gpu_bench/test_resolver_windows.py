@@ -1,0 +1,28 @@
+"""The resolver benchmark's row windows (``bench.resolver.pool``): how many calls a case can
+time on rows no earlier call read, and how a sweep's settings share them. CPU only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.resolver.pool import PAGE_ROWS, State, Windows
+
+
+def test_windows_count_calls_that_read_no_row_twice() -> None:
+    st = State(2, 10 * PAGE_ROWS + 1, 8, torch.device("cpu"))  # tail_lo = 640 rows
+    assert st.tail_lo == 640 and st.nonres.shape[1] == 632
+    assert st.windows(64, 64, cold=True) == 10  # any row: 640 // 64
+    assert st.windows(64, 13, cold=False) == 48  # never-resident rows only: 632 // 13
+    assert st.windows(64, 0, cold=False) == 1 << 30  # nothing missed: no limit
+
+
+def test_settings_take_fresh_windows_and_start_over_when_a_case_runs_out() -> None:
+    w = Windows()
+    assert [w.take("a", 4, 10), w.take("a", 4, 10)] == [0, 4]
+    assert w.take("b", 4, 10) == 0  # per case
+    assert w.take("a", 4, 10) == 0  # 8 + 4 > 10: start over
+    assert w.take("a", 4, 10) == 4
+    assert [w.take("c", 5, 10), w.take("c", 5, 10), w.take("c", 5, 10)] == [0, 5, 0]  # exact fit
+    with pytest.raises(ValueError, match="11 calls need more row windows than the 10 of case a"):
+        w.take("a", 11, 10)
