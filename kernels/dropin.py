@@ -51,7 +51,7 @@ from .resolver import (
 
 
 def request_table(group: SourceGroup, states: Sequence) -> torch.Tensor:
-    """int64 [batch, 9]: the per-request tensors' addresses and tail bounds."""
+    """int64 [batch, 10]: the per-request tensors' addresses and tail bounds."""
     rows = [
         [
             s.hot_rows.data_ptr(),
@@ -61,6 +61,7 @@ def request_table(group: SourceGroup, states: Sequence) -> torch.Tensor:
             s.tail_locs.data_ptr(),
             s.page_map.data_ptr(),
             s.page_ready.data_ptr(),
+            s.hot_index.data_ptr(),
             s.tail_lo,
             s.tail_hi,
         ]

@@ -39,7 +39,7 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
     lookup_blocks,
 )
 
-T_COLS, S_COLS, TOT_COLS = 9, 10, 9  # table / summary / totals columns (resolver_common.cuh enums)
+T_COLS, S_COLS, TOT_COLS = 10, 10, 9  # table / summary / totals columns (resolver_common.cuh enums)
 S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 ST_SELECTION, ST_NOT_RESIDENT, ST_STAGING = 1 | 2 | 4 | 16, 8, 32
@@ -71,7 +71,7 @@ class Workspace:
     totals[R_TICKET] must start at 0; the last lookup block resets it.
     """
 
-    need_loc: torch.Tensor  # int64 [batch, K*k]  hit locations by union rank, then miss dsts
+    miss_dst: torch.Tensor  # int64 [batch, K*k]  each miss's destination pool row (commit)
     misses: torch.Tensor  # int64 [batch, K*k]  missed rows, ascending
     victims: torch.Tensor  # int32 [batch, B]
     hit_mask: torch.Tensor  # int32 [batch, B]: hot-scan hits, bit s % 32 of word s // 32
@@ -93,16 +93,16 @@ class Workspace:
         )
 
     def pointers(self) -> tuple[np.uint64, ...]:
-        """Device addresses in the order both launches take them (need_loc .. totals)."""
-        return tuple(ptr(t) for t in (self.need_loc, self.misses, self.victims,
+        """Device addresses in the order both launches take them (miss_dst .. totals)."""
+        return tuple(ptr(t) for t in (self.miss_dst, self.misses, self.victims,
                                       self.hit_mask, self.summary, self.totals))
 
     def check(self, batch: int, entries: int, slots: int) -> None:
         """Refuse (InvalidArgument) a workspace the kernels would index past: they address
-        need_loc / misses as [batch, entries], victims / hit_mask as [batch, slots],
+        miss_dst / misses as [batch, entries], victims / hit_mask as [batch, slots],
         summary as [batch, S_COLS] and totals up to TOT_COLS + 2 * (batch + 1)."""
         need = {
-            "ws.need_loc": (self.need_loc, batch * entries),
+            "ws.miss_dst": (self.miss_dst, batch * entries),
             "ws.misses": (self.misses, batch * entries),
             "ws.victims": (self.victims, batch * max(slots, 1)),
             "ws.hit_mask": (self.hit_mask, batch * max(slots, 1)),
@@ -117,8 +117,8 @@ class Workspace:
 
     def fits(self, batch: int, entries: int, slots: int) -> bool:
         return (
-            self.need_loc.shape[0] >= batch
-            and self.need_loc.shape[1] == entries
+            self.miss_dst.shape[0] >= batch
+            and self.miss_dst.shape[1] == entries
             and self.victims.shape[1] >= max(slots, 1)
             and self.totals.numel() == TOT_COLS + 2 * (batch + 1)
         )
@@ -151,7 +151,7 @@ def lookup(
     "radix_match" counts its bins with warp-aggregated atomics) or "sort" (bitonic sort of
     every slot key); all give the reference's order (see ``default_select``).
 
-    table: int64 [batch, 9] per request (resolver_common.cuh T_* columns); rows_bound: every row
+    table: int64 [batch, 10] per request (resolver_common.cuh T_* columns); rows_bound: every row
     needing steps 2-3 is below it (max tail_lo of the batch).
     """
     select = select or default_select()
@@ -162,13 +162,13 @@ def lookup(
     check_limit("rows_bound", rows_bound, INT32_MAX * 32)
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots, visible)
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
-    shared = 12 * (-(-words // 4) * 4) + 8 * pow2  # bitmaps in 16-byte groups, then keys
+    shared = lookup_shared_bytes(words, pow2)
     dev = selections.device.index
     blocks = lookup_blocks(batch, dev)
     fn = kernel("resolver", "resolve_lookup_2" if blocks == 2 else "resolve_lookup", dev, True,
                 defines())
     cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
-    check_limit("shared bytes (48 * ceil(rows_bound / 128) + 8 * pow2(B))", shared, cap)
+    check_limit("shared bytes (24 * ceil(rows_bound / 128) + 8.125 * pow2(B))", shared, cap)
     args = (
         ptr(table),
         ptr(selections),
@@ -192,6 +192,13 @@ def lookup(
 
 
 INT32_MAX = 2**31 - 1
+
+
+def lookup_shared_bytes(words: int, pow2: int) -> int:
+    """Dynamic shared memory of the lookup (resolver_lookup.cu): the miss bitmap (u32) and
+    its prefix (u16) over ``words`` rounded up to 16-byte groups, the hit bitmap over the
+    ``pow2`` sorted slots, then their LRU keys (u64)."""
+    return 6 * (-(-words // 4) * 4) + pow2 // 8 + 8 * pow2
 
 
 def _check_round(ws: Workspace, table: torch.Tensor, selections: torch.Tensor,

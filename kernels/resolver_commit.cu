@@ -98,14 +98,16 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     const i64* sm = summary + (i64)rb * SCOLS;
     const i64* row = table + (i64)rb * TCOLS;
     i64 su = 0, m = 0, nv = 0, nhit = 0, off = 0, soff = 0;
-    i64 *hot_rows = nullptr, *stamp = nullptr, *protect = nullptr;
+    i64 *hot_rows = nullptr, *stamp = nullptr, *protect = nullptr, *hot_index = nullptr;
     const i64* hot_locs = nullptr;
+    i64 tail_hi = 0;
     unsigned hw[HM_SLOTS];
     const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)rb * B);
     if (commit_block) {
         su = sm[S_U], m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT];
         hot_rows = ptr<i64>(row, T_HOT_ROWS), stamp = ptr<i64>(row, T_HOT_STAMP);
         protect = ptr<i64>(row, T_HOT_PROTECT), hot_locs = ptr<const i64>(row, T_HOT_LOCS);
+        hot_index = ptr<i64>(row, T_HOT_INDEX), tail_hi = row[T_TAIL_HI];
         if (!sums_here) off = copy_off[rb], soff = stage_off[rb];
     }
 #pragma unroll
@@ -181,9 +183,13 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     const int b = rb;
     if (su == 0) return;  // direct lookup: no LRU change
     TRACE(18);  // summary read
-    // loads of a group of U items are issued before their stores (see the lookup passes)
+    // loads of a group of U items are issued before their stores (see the lookup passes).
+    // hot_index: a victim's row leaves it, its miss enters (no other thread's write can
+    // meet these: the misses are held by no slot, the evicted rows by one each, I4); rows
+    // past tail_hi are not committed and have no index entry (only a state broken by hand
+    // holds them)
     for (i64 i0 = part == 0 ? threadIdx.x : m; i0 < m; i0 += blockDim.x * U) {
-        i64 r[U], dst[U];
+        i64 r[U], dst[U], old[U];
         int slot[U];
 #pragma unroll
         for (int q = 0; q < U; ++q) {
@@ -195,12 +201,15 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         for (int q = 0; q < U; ++q) {
             const i64 i = i0 + q * blockDim.x;
             dst[q] = slot[q] >= 0 ? hot_locs[slot[q]] : (i < m ? stage_locs[soff + i - nv] : 0);
+            old[q] = slot[q] >= 0 ? hot_rows[slot[q]] : -1;
         }
 #pragma unroll
         for (int q = 0; q < U; ++q) {
             const i64 i = i0 + q * blockDim.x;
             if (i >= m) continue;
             if (slot[q] >= 0) {
+                if (old[q] >= 0 && old[q] < tail_hi) hot_index[old[q]] = -1;
+                hot_index[r[q]] = dst[q] << HOT_SLOT_BITS | slot[q];
                 hot_rows[slot[q]] = r[q];
                 stamp[slot[q]] = epoch;
                 protect[slot[q]] = epoch;

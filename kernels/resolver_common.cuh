@@ -3,18 +3,20 @@
 // Fused resolver (DESIGN 3.2) over services/decode/hierarchy's layout, in two launches.
 //
 //   launch 1  resolve_lookup      grid = batch blocks (one per request), 1024 threads
-//             direct path (tail, ready optional page), union of the remaining rows as a
-//             bitmap over source rows [0, nbits) in shared memory (a set bit = a row some
-//             query needs; ranks by word prefix + popcount give the ascending order of
-//             the union, eq. 6, for free), hot hits found by scanning the B slots against
-//             the bitmap (bounded by B), LRU victims by a bitonic sort of (stamp, slot)
-//             keys of the unprotected, non-hit slots. Mutates nothing: writes per-request
+//             direct path (tail, ready optional page), hot hits by the request's row ->
+//             slot index (hot_index: one load per entry, the location packed in), the
+//             misses as a bitmap over source rows [0, nbits) in shared memory (a set bit = a
+//             row some query misses; ranks by word prefix + popcount give the ascending
+//             order of the union, eq. 6, for free), the hit slots as a bitmap over the B
+//             slots, LRU victims among the unprotected, non-hit slots by a radix select (or
+//             a bitonic sort) of (stamp, slot) keys. Mutates nothing: writes per-request
 //             scratch and a summary row; with sums = 1 (a host reads the totals between
 //             the launches: the drop-in path) the last block to finish (atomic ticket) sums
 //             the summaries into offsets (copies, staging) and totals; with sums = 0 (the
 //             sync-free path) launch 2 does that itself (sum_batch), one step shorter.
 //   launch 2  resolve_commit      grid = batch x parts commit blocks + copy blocks
-//             commit block (b, part): victims take the misses (ascending rows), hit and victim
+//             commit block (b, part): victims take the misses (ascending rows; hot_index
+//             follows: the evicted rows leave it, the misses enter), hit and victim
 //             slots get stamp = protect = epoch (each part stamps the hits of its share of
 //             the slots), staged rows take stage_locs in order, locations are finished in
 //             selection order, the plan's copy list is written (part 0).
@@ -44,7 +46,11 @@ template <> struct Vec<4> { using T = unsigned int; };
 
 // request table columns (int64 [batch, TCOLS], built by kernels/resolver.py)
 enum { T_HOT_ROWS, T_HOT_STAMP, T_HOT_PROTECT, T_HOT_LOCS, T_TAIL_LOCS, T_PAGE_MAP, T_PAGE_READY,
-       T_TAIL_LO, T_TAIL_HI, TCOLS };
+       T_HOT_INDEX, T_TAIL_LO, T_TAIL_HI, TCOLS };
+// hot_index [max_rows] (request.py): -1, or hot_locs[s] << HOT_SLOT_BITS | s for the slot s
+// holding the row; kept the inverse of hot_rows by the commit and the promotion
+#define HOT_SLOT_BITS 20
+#define HOT_SLOT_MASK 0xFFFFFll
 // summary columns (int64 [batch, SCOLS])
 enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT, SCOLS };
 // totals (int64 [TOT_COLS + 2 * (batch + 1)]): then copy offsets [batch+1], stage offsets [batch+1]

@@ -1,9 +1,8 @@
 // Launch 1 of the fused resolver (see resolver_common.cuh): direct path, union bitmap,
-// hot hits, LRU victims, per-request summaries and the batch totals.
+// hot hits by the row -> slot index, LRU victims, per-request summaries and the batch totals.
 #include "resolver_common.cuh"
 #include "resolver_sort.cuh"
 
-#define PENDING (~0ull - 1)  // hot-scan mark of a non-hit slot whose key is not built yet
 #define SELECT_MAX 1024  // victims ordered by radix select + counting ranks up to this many
 
 // The nv smallest of Bp unique keys (non-candidates are ~0), in ascending order, without
@@ -99,36 +98,37 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
     }
 }
 
-// shared layout of resolve_lookup (dynamic), Wp = W rounded up to a multiple of 4: need
-// bitmap [Wp] u32, miss bitmap [Wp] u32, need prefix [Wp] u16, miss prefix [Wp] u16, then
-// LRU keys [Bp] u64 (16-byte aligned throughout: the bitmaps move in 16-byte groups).
-// UL: slot groups per thread in the hot scan; entry loops run G groups (G * NT >= K * k
+// shared layout of resolve_lookup (dynamic), Wp = W rounded up to a multiple of 4, Hp =
+// Bp / 32: miss bitmap [Wp] u32, hit bitmap over the slots [Hp] u32, miss prefix [Wp] u16,
+// then LRU keys [Bp] u64 (the bitmaps move in 16-byte groups).
+// UL: slot groups per thread in the victim keys; entry loops run G groups (G * NT >= K * k
 // where possible: a group past the last entry would still cost its instructions).
 template <int UL>
 __device__ __forceinline__ void lookup_body(
     const i64* __restrict__ table, const i64* __restrict__ sel, const i64* __restrict__ visible,
-    i64* __restrict__ locs, i64* __restrict__ need_loc, i64* __restrict__ misses,
+    i64* __restrict__ locs, i64* __restrict__ miss_dst, i64* __restrict__ misses,
     i32* __restrict__ victims, i32* __restrict__ hit_mask, i64* __restrict__ summary,
     i64* __restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,
     i64 finished_epoch, int select_mode, int sums) {
+    (void)miss_dst;  // the commit's scratch (both launches take the workspace's pointers)
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
-    __shared__ unsigned cnt[8];  // tail, opt, hot, host, hit, ncand, status, cleared (32-bit: block_add)
+    __shared__ unsigned cnt[8];  // tail, opt, hot, host, hit slots, ncand, status (32-bit: block_add)
     __shared__ unsigned kbits[4];  // OR (lo, hi) and AND (lo, hi) of the candidate LRU keys
     __shared__ int last;
     __shared__ unsigned hist[256], scal[4];
     __shared__ unsigned long long vkeys[SELECT_MAX];
-    const int b = blockIdx.x, Kk = K * k, Wp = (W + 3) & ~3;
+    const int b = blockIdx.x, Kk = K * k, Wp = (W + 3) & ~3, Hp = Bp >> 5;
     const i64* row = table + (i64)b * TCOLS;
-    unsigned* need_bm = reinterpret_cast<unsigned*>(smem);
-    unsigned* miss_bm = need_bm + Wp;
-    u16* need_pre = reinterpret_cast<u16*>(miss_bm + Wp);
-    u16* miss_pre = need_pre + Wp;
-    unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem + (size_t)12 * Wp);
+    unsigned* miss_bm = reinterpret_cast<unsigned*>(smem);
+    unsigned* hit_bm = miss_bm + Wp;
+    u16* miss_pre = reinterpret_cast<u16*>(hit_bm + Hp);
+    unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem + (size_t)6 * Wp + (size_t)4 * Hp);
     const i64 tail_lo = row[T_TAIL_LO], tail_hi = row[T_TAIL_HI];
     const i64* tail_locs = ptr<const i64>(row, T_TAIL_LOCS);
     const i64* page_map = ptr<const i64>(row, T_PAGE_MAP);
     const bool* page_ready = ptr<const bool>(row, T_PAGE_READY);
+    const i64* hot_index = ptr<const i64>(row, T_HOT_INDEX);
     const i64* s_b = sel + (i64)b * Kk;
     i64* l_b = locs + (i64)b * Kk;
     const i64 nbits = (i64)W * 32;
@@ -139,23 +139,25 @@ __device__ __forceinline__ void lookup_body(
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
 
-    bitmap_fill(need_bm, nullptr, Wp);
+    bitmap_fill(miss_bm, nullptr, Wp + Hp);
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
     if (threadIdx.x < 4) kbits[threadIdx.x] = threadIdx.x < 2 ? 0u : ~0u;
     __syncthreads();
 
-    // pass 1: direct path; the rest becomes the union bitmap. Entries go in groups of G
-    // per thread with every load of a group issued before the first use (after the L2
-    // flush each dependent load is an HBM round trip; batching keeps G of them in flight).
-    // Row arithmetic is 32-bit when every row of the request fits (64-bit division is a
-    // long instruction sequence on the GPU).
+    // pass 1: direct path, then hot hits by the request's row -> slot index (one load
+    // beside the page loads: hot_index packs the slot's pool row, so a hit's location
+    // needs no further load); the misses become the union bitmap, hit slots a bitmap.
+    // Entries go in groups of G per thread with every load of a group issued before the
+    // first use (after the L2 flush each dependent load is an HBM round trip; batching
+    // keeps G of them in flight). Row arithmetic is 32-bit when every row of the request
+    // fits (64-bit division is a long instruction sequence on the GPU).
     const bool small = tail_hi <= 0x7FFFFFFFll;
     const i64 vis1 = K == 1 ? visible[b] : 0;
-    unsigned n_tail = 0, n_opt = 0, status = 0;
+    unsigned n_tail = 0, n_opt = 0, n_hot = 0, n_host = 0, status = 0;
     auto pass1 = [&](auto groups) {
         constexpr int G = decltype(groups)::value;
         for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
-            i64 r[G], vis[G], loc[G], pg[G], pm[G];
+            i64 r[G], vis[G], loc[G], pg[G], pm[G], hi[G];
             bool tail[G], page[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
@@ -182,10 +184,12 @@ __device__ __forceinline__ void lookup_body(
                     pg[q] = r[q] >= 0 ? r[q] / p : 0;
                     tl = tail[q] ? r[q] % T : 0;
                 }
-                // page_map beside page_ready (same length, same index), not after it: one
-                // dependent round trip less for a ready page; unused for the others
-                page[q] = r[q] >= 0 && !tail[q] && page_ready[pg[q]];
-                pm[q] = r[q] >= 0 && !tail[q] ? page_map[pg[q]] : 0;
+                // page_map and hot_index beside page_ready (all indexed by the row), not
+                // after it: no dependent round trip; each is unused where it does not apply
+                const bool rest = r[q] >= 0 && !tail[q];
+                page[q] = rest && page_ready[pg[q]];
+                pm[q] = rest ? page_map[pg[q]] : 0;
+                hi[q] = rest && B > 0 && r[q] < nbits ? hot_index[r[q]] : -1;
                 loc[q] = tail[q] ? tail_locs[tl] : -1;
             }
 #pragma unroll
@@ -197,11 +201,17 @@ __device__ __forceinline__ void lookup_body(
                 } else if (tail[q]) {
                     ++n_tail;
                 } else if (r[q] >= 0) {
-                    if (r[q] < nbits) {
-                        loc[q] = SENTINEL;
-                        atomicOr(&need_bm[r[q] >> 5], 1u << (r[q] & 31));
-                    } else {
+                    if (r[q] >= nbits) {
                         status |= ST_ROW_RANGE;
+                    } else if (hi[q] >= 0) {
+                        const unsigned s = (unsigned)(hi[q] & HOT_SLOT_MASK);
+                        loc[q] = hi[q] >> HOT_SLOT_BITS;
+                        atomicOr(&hit_bm[s >> 5], 1u << (s & 31));
+                        ++n_hot;
+                    } else {
+                        loc[q] = SENTINEL;
+                        atomicOr(&miss_bm[r[q] >> 5], 1u << (r[q] & 31));
+                        ++n_host;
                     }
                 }
                 if (e < Kk) l_b[e] = loc[q];
@@ -213,98 +223,50 @@ __device__ __forceinline__ void lookup_body(
     else pass1(Groups<4>{});
     block_add(&cnt[0], n_tail);
     block_add(&cnt[1], n_opt);
+    block_add(&cnt[2], n_hot);
+    block_add(&cnt[3], n_host);
     if (status) atomicOr(&cnt[6], status);
     __syncthreads();
     TRACE(1);  // pass 1 done
-    bitmap_fill(miss_bm, need_bm, Wp);
-    const unsigned u = bitmap_prefix(need_bm, need_pre, Wp, tmp);  // syncs
-    TRACE(2);  // union prefix
 
     unsigned m = 0, nv = 0;
-    if (u > 0 && B == 0) {
+    const unsigned hot_entries = cnt[2], host_entries = cnt[3];
+    if (host_entries > 0 && B == 0) {
         if (threadIdx.x == 0) atomicOr(&cnt[6], (unsigned)ST_NOT_RESIDENT);
-    } else if (u > 0) {
-        // step 2: scan the B hot slots against the union (bounded by B, not by history).
-        // Only hot_rows and hot_locs are read here; a slot's protect/stamp are read after
-        // the misses are counted, only when there are any (a no-miss call reads a third of
-        // the slot state).
-        const i64* hot_rows = ptr<const i64>(row, T_HOT_ROWS);
-        const i64* hot_locs = ptr<const i64>(row, T_HOT_LOCS);
-        unsigned n_hit = 0, n_cleared = 0;
-        for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * UL) {
-            i64 hr[UL], hl[UL];
-            bool hit[UL];
-#pragma unroll
-            for (int q = 0; q < UL; ++q) {  // hot_locs with hot_rows: no dependent round trip
-                const int s = s0 + q * NT;
-                hr[q] = s < B ? hot_rows[s] : -1;
-                hl[q] = s < B ? hot_locs[s] : 0;
-            }
-#pragma unroll
-            for (int q = 0; q < UL; ++q) hit[q] = hr[q] >= 0 && hr[q] < nbits && test_bit(need_bm, hr[q]);
-            // hit slots go out as a mask (word s / 32 = the ballot of a warp's 32 slots: one
-            // coalesced store, and the commit stamps them with coalesced stores too). Bp is a
-            // multiple of NT * UL (sort_size), so every lane runs every group.
-#pragma unroll
-            for (int q = 0; q < UL; ++q) {
-                const int s = s0 + q * NT;
-                const unsigned bal = __ballot_sync(0xffffffffu, hit[q]);
-                if ((threadIdx.x & 31) == 0 && s < B) hit_mask[(i64)b * B + (s >> 5)] = (i32)bal;
-                if (hit[q]) {
-                    need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, hr[q])] = hl[q];
-                    const unsigned bit = 1u << (hr[q] & 31);
-                    // a bit cleared here is a miss less (counted once even if two slots held
-                    // the same row): m = u - cleared, without rescanning the miss bitmap
-                    n_cleared += (atomicAnd(&miss_bm[hr[q] >> 5], ~bit) & bit) != 0u;
-                    ++n_hit;
-                }
-            }
+    } else if (hot_entries + host_entries > 0) {
+        // hit slots go out as a mask (word s / 32: slots 32 (s / 32) ..; the commit stamps
+        // them with coalesced stores), counted for the summary
+        unsigned n_slots = 0;
+        for (int w = threadIdx.x; w < (B + 31) >> 5; w += NT) {
+            const unsigned v = hit_bm[w];
+            hit_mask[(i64)b * B + w] = (i32)v;
+            n_slots += __popc(v);
         }
-        block_add(&cnt[4], n_hit);
-        block_add(&cnt[7], n_cleared);
-        __syncthreads();
-        TRACE(3);  // hot scan
-        if (u > cnt[7]) m = bitmap_prefix(miss_bm, miss_pre, Wp, tmp);  // syncs; m = u - cleared
-        TRACE(4);  // miss prefix (skipped without misses)
-        // pass 2: entries of the union get a hot location or an encoded miss rank (without
-        // misses every union entry is a hit: no miss-bit test)
-        unsigned n_hot = 0, n_host = 0;
-        auto pass2 = [&](auto groups) {
-            constexpr int G = decltype(groups)::value;
-            for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
-                i64 l[G], r[G], hl[G];
-                bool miss[G];
+        block_add(&cnt[4], n_slots);
+        TRACE(3);  // hit mask out
+        if (host_entries > 0) {
+            m = bitmap_prefix(miss_bm, miss_pre, Wp, tmp);  // syncs
+            TRACE(4);  // miss prefix
+            // pass 2: a miss entry gets its encoded rank among the misses
+            auto pass2 = [&](auto groups) {
+                constexpr int G = decltype(groups)::value;
+                for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
+                    i64 l[G], r[G];
 #pragma unroll
-                for (int q = 0; q < G; ++q) {
-                    const int e = e0 + q * NT;
-                    l[q] = e < Kk ? l_b[e] : -1;
-                    r[q] = e < Kk ? s_b[e] : -1;
-                }
-#pragma unroll
-                for (int q = 0; q < G; ++q) {
-                    miss[q] = m > 0 && l[q] == SENTINEL && test_bit(miss_bm, r[q]);
-                    hl[q] = l[q] == SENTINEL && !miss[q] ? need_loc[(i64)b * Kk + rank_of(need_bm, need_pre, r[q])] : 0;
-                }
-#pragma unroll
-                for (int q = 0; q < G; ++q) {
-                    if (l[q] != SENTINEL) continue;
-                    if (miss[q]) {
-                        l_b[e0 + q * NT] = -2 - (i64)rank_of(miss_bm, miss_pre, r[q]);
-                        ++n_host;
-                    } else {
-                        l_b[e0 + q * NT] = hl[q];
-                        ++n_hot;
+                    for (int q = 0; q < G; ++q) {
+                        const int e = e0 + q * NT;
+                        l[q] = e < Kk ? l_b[e] : -1;
+                        r[q] = e < Kk ? s_b[e] : -1;
                     }
+#pragma unroll
+                    for (int q = 0; q < G; ++q)
+                        if (l[q] == SENTINEL) l_b[e0 + q * NT] = -2 - (i64)rank_of(miss_bm, miss_pre, r[q]);
                 }
-            }
-        };
-        if (Kk <= NT) pass2(Groups<1>{});
-        else if (Kk <= 2 * NT || UL < 4) pass2(Groups<2>{});
-        else pass2(Groups<4>{});
-        block_add(&cnt[2], n_hot);
-        block_add(&cnt[3], n_host);
-        TRACE(5);  // pass 2 (thread 0's share)
-        if (m > 0) {
+            };
+            if (Kk <= NT) pass2(Groups<1>{});
+            else if (Kk <= 2 * NT || UL < 4) pass2(Groups<2>{});
+            else pass2(Groups<4>{});
+            TRACE(5);  // pass 2 (thread 0's share)
             // misses in ascending row order
             const int chunk = (W + NT - 1) / NT, lo = threadIdx.x * chunk, hi = min(W, lo + chunk);
             for (int w = lo; w < hi; ++w) {
@@ -315,13 +277,12 @@ __device__ __forceinline__ void lookup_body(
                     misses[(i64)b * Kk + i++] = (i64)w * 32 + bit;
                 }
             }
-            // step 3: candidates = unprotected non-hit slots (the hot scan's mask, written
-            // by this block), keyed (stamp, slot); then the nv first in LRU order, (stamp,
-            // slot) ascending. Every key of [0, Bp) is written (~0 = not a candidate).
+            // step 3: candidates = unprotected non-hit slots, keyed (stamp, slot); then the
+            // nv first in LRU order, (stamp, slot) ascending. Every key of [0, Bp) is
+            // written (~0 = not a candidate).
             TRACE(8);  // misses listed (thread 0's share)
             const i64* stamp = ptr<const i64>(row, T_HOT_STAMP);
             const i64* protect = ptr<const i64>(row, T_HOT_PROTECT);
-            const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)b * B);
             unsigned n_cand = 0;
             unsigned long long kor = 0, kand = ~0ull;
             for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * UL) {
@@ -330,7 +291,7 @@ __device__ __forceinline__ void lookup_body(
 #pragma unroll
                 for (int q = 0; q < UL; ++q) {
                     const int s = s0 + q * NT;
-                    pend[q] = s < B && !((__ldcg(hm + (s >> 5)) >> (s & 31)) & 1u);
+                    pend[q] = s < B && !test_bit(hit_bm, s);
                     pr[q] = pend[q] ? protect[s] : 0;
                     st[q] = pend[q] ? stamp[s] : 0;
                 }
@@ -374,6 +335,7 @@ __device__ __forceinline__ void lookup_body(
     TRACE(6);  // misses listed, victims chosen
     if (threadIdx.x == 0) {
         i64* sm = summary + (i64)b * SCOLS;
+        const unsigned u = cnt[4] + m;  // distinct rows of steps 2-3: hit slots + misses
         sm[S_STATUS] = (i64)cnt[6];
         sm[S_U] = u;
         sm[S_M] = m;
@@ -408,11 +370,11 @@ __device__ __forceinline__ void lookup_body(
 
 #define LOOKUP_ARGS                                                                                     \
     const i64 *__restrict__ table, const i64 *__restrict__ sel, const i64 *__restrict__ visible,            \
-        i64 *__restrict__ locs, i64 *__restrict__ need_loc, i64 *__restrict__ misses,                       \
+        i64 *__restrict__ locs, i64 *__restrict__ miss_dst, i64 *__restrict__ misses,                       \
         i32 *__restrict__ victims, i32 *__restrict__ hit_mask, i64 *__restrict__ summary,                  \
         i64 *__restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,             \
         i64 finished_epoch, int select_mode, int sums
-#define LOOKUP_PASS table, sel, visible, locs, need_loc, misses, victims, hit_mask, summary, totals, batch, K, \
+#define LOOKUP_PASS table, sel, visible, locs, miss_dst, misses, victims, hit_mask, summary, totals, batch, K, \
                     k, B, Bp, T, p, W, finished_epoch, select_mode, sums
 // One block per SM (64 registers, 4 loads in flight per thread) ...
 extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) { lookup_body<4>(LOOKUP_PASS); }

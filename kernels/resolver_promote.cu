@@ -15,7 +15,7 @@
 // earlier in this block, or it sits in an original slot s that was not overwritten yet
 // (s not eligible, or rank(s) in E >= promotions so far; of several holders, the one
 // overwritten last decides). Then slots are rewritten and the
-// payload rows of every layer are copied, arena row -> the slot's pool row.
+// payload rows of every layer are copied, arena row -> the slot's pool row; hot_index follows.
 #include "resolver_common.cuh"
 #include "resolver_sort.cuh"
 
@@ -43,6 +43,8 @@ __device__ __forceinline__ void promote_body(const i64* __restrict__ table, cons
     i64* hot_stamp = ptr<i64>(row, T_HOT_STAMP);
     const i64* hot_protect = ptr<const i64>(row, T_HOT_PROTECT);
     const i64* hot_locs = ptr<const i64>(row, T_HOT_LOCS);
+    i64* hot_index = ptr<i64>(row, T_HOT_INDEX);
+    const i64 tail_hi = row[T_TAIL_HI];
     const i64 lo = off[blockIdx.x], n = off[blockIdx.x + 1] - lo, epoch = epochs[blockIdx.x];
     const i64 nbits = (i64)words * 32;
 
@@ -120,10 +122,21 @@ __device__ __forceinline__ void promote_body(const i64* __restrict__ table, cons
         }
     }
     __syncthreads();
+    // hot_index: the overwritten slots' rows leave it, then (after a barrier: a promoted row
+    // may be one an overwritten slot held) the promoted rows enter; rows past tail_hi are
+    // not committed and have no entry (only a state broken by hand holds them)
+    for (i64 i = threadIdx.x; i < n; i += NT) {
+        const i32 s = slot_of[lo + i];
+        const i64 old = s >= 0 ? hot_rows[s] : -1;
+        if (old >= 0 && old < tail_hi) hot_index[old] = -1;
+    }
+    __syncthreads();
     for (i64 i = threadIdx.x; i < n; i += NT) {
         const i32 s = slot_of[lo + i];
         if (s >= 0) {
-            hot_rows[s] = rows[lo + i];
+            const i64 r = rows[lo + i];
+            if (r < tail_hi) hot_index[r] = hot_locs[s] << HOT_SLOT_BITS | s;
+            hot_rows[s] = r;
             hot_stamp[s] = epoch;
         }
     }

@@ -12,6 +12,8 @@ import os
 
 import torch
 
+from services.decode.hierarchy.request import HOT_SLOT_BITS
+
 PROFILES = {"hit100": 0.0, "miss2": 0.02, "miss20": 0.20, "cold": 1.0}
 
 
@@ -97,6 +99,8 @@ class State:
         self.stamp = torch.empty(P, B, **i64)
         self.protect = torch.zeros(P, B, **i64)
         self.hot_locs = torch.arange(P * B, **i64).view(P, B)
+        self.hot_index = torch.full((P, S), -1, **i64)  # row -> packed hot slot (request.py)
+        self.res_index = self.hot_locs << HOT_SLOT_BITS | torch.arange(B, **i64)
         self.tail_locs = torch.arange(P * B, P * B + P * TAIL_ROWS, **i64).view(P, TAIL_ROWS)
         pages = -(-S // PAGE_ROWS)
         self.page_map = torch.full((P, pages), -1, **i64)
@@ -126,6 +130,7 @@ class State:
                     self.tail_locs,
                     self.page_map,
                     self.page_ready,
+                    self.hot_index,
                 )
             ]
             + [self.tail_lo, self.S]
@@ -134,11 +139,13 @@ class State:
         return torch.tensor(rows, dtype=torch.int64, device=self.hot_rows.device)
 
     def restore(self, cold: bool) -> None:
+        self.hot_index.fill_(-1)
         if cold:
             self.hot_rows.fill_(-1)
             self.stamp.zero_()
         else:
             self.hot_rows.copy_(self.res)
+            self.hot_index.scatter_(1, self.res, self.res_index)
             self.stamp.copy_(self.stamp0)
         self.protect.zero_()
 

@@ -33,7 +33,8 @@ extern "C" __global__ void chase(const long long* buf, int n, long long* out) {
 """
 
 # phase slots of the resolver kernels (lookup block, last block, commit block)
-LOOKUP_PHASES = ("pass 1", "union prefix", "hot scan", "miss prefix", "pass 2",
+# (slot 2 is unused since the hot scan gave way to hot_index: "hit mask" = slot 3)
+LOOKUP_PHASES = ("pass 1", "(unused)", "hit mask", "miss prefix", "pass 2",
                  "misses+victims", "summary+ticket")
 
 

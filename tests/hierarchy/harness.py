@@ -101,6 +101,12 @@ class Harness:
         return self.group.request(rid).hot_locs[slots].tolist()
 
 
+def distinct_hot(state) -> bool:
+    """No row in two hot slots (invariant I4; tests that write hot_rows may break it)."""
+    held = state.hot_rows[state.hot_rows >= 0]
+    return held.unique().numel() == held.numel()
+
+
 def snapshot(h: Harness) -> dict:
     """Everything a failed operation must leave unchanged (tensors copied to CPU)."""
     g = h.group

@@ -11,9 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.decode.hierarchy import release_staging
+from services.decode.hierarchy.invariants import assert_hot_index
 from services.decode.hierarchy.promotion import _promote_one
+from services.decode.hierarchy.request import reindex_hot
 
-from .harness import Harness
+from .harness import Harness, distinct_hot
 
 
 def _staged_group(data, device: str = "cpu") -> Harness:
@@ -32,6 +34,7 @@ def _staged_group(data, device: str = "cpu") -> Harness:
                                                          max_size=slots)))
         s.hot_protect[:] = torch.tensor(data.draw(st.lists(st.integers(0, 7), min_size=slots,
                                                            max_size=slots)))
+        reindex_hot(s)
     # acquisitions: (request, epoch, rows), rows mostly distinct misses, sometimes not
     for _ in range(data.draw(st.integers(1, 4), label="acquisitions")):
         rid = data.draw(st.sampled_from(rids))
@@ -57,12 +60,16 @@ def _one_by_one(g) -> int:
 def test_batched_promotion_equals_one_by_one(data) -> None:
     h = _staged_group(data)
     ref = copy.deepcopy(h.group)
+    indexed = all(distinct_hot(s) for s in h.group.requests.values())
     assert release_staging(h.group) == _one_by_one(ref)
     for rid, s in h.group.requests.items():
         r = ref.requests[rid]
         assert torch.equal(s.hot_rows, r.hot_rows), rid
         assert torch.equal(s.hot_stamp, r.hot_stamp), rid
         assert torch.equal(s.hot_protect, r.hot_protect), rid
+        if indexed:  # the index is defined under I4 only (the drawn hot rows may repeat)
+            assert torch.equal(s.hot_index, r.hot_index), rid
+            assert_hot_index(s)
     for a, b in zip(h.group.payloads, ref.payloads, strict=True):
         assert torch.equal(a, b)
     assert sorted(h.group.staging.free_locs) == sorted(ref.staging.free_locs)
@@ -75,6 +82,7 @@ def test_a_run_takes_eligible_slots_in_lru_order_until_they_run_out() -> None:
     g.clock = g.finished_epoch = 5
     s.hot_rows[:] = torch.tensor([0, 1, 2, 3])
     s.hot_stamp[:] = torch.tensor([4, 1, 5, 2])  # slot 2 used in epoch 5: not eligible
+    reindex_hot(s)
     locs = g.staging.acquire("a", [7, 8, 9, 10], 5)
     for payload in g.payloads:
         payload[locs] = h.random_rows(4).to(payload.device)
@@ -82,6 +90,7 @@ def test_a_run_takes_eligible_slots_in_lru_order_until_they_run_out() -> None:
     assert release_staging(g) == 3  # three slots older than epoch 5
     assert s.hot_rows.tolist() == [9, 7, 2, 8]  # LRU order: slot 1 (1), 3 (2), 0 (4)
     assert s.hot_stamp.tolist() == [5, 5, 5, 5]
+    assert_hot_index(s)
     for p, w in zip(g.payloads, want, strict=True):
         assert torch.equal(p[s.hot_locs[[1, 3, 0]]], w[:3])
 

@@ -46,7 +46,7 @@ def test_lookup_validates_shapes_before_launch() -> None:
     with pytest.raises(InvalidArgument, match="table is on device=cpu"):
         kres.lookup(
             ws,
-            torch.zeros(1, 9, dtype=torch.int64),
+            torch.zeros(1, kres.T_COLS, dtype=torch.int64),
             sel,
             sel[:, :, 0],
             sel,
@@ -63,7 +63,7 @@ def _lookup_args(batch: int, ws_batch: int, **kw) -> tuple[tuple, dict]:
 
     ws = kres.Workspace.new(ws_batch, 4, 2, torch.device("cpu"))
     sel = torch.zeros(batch, 2, 2, dtype=torch.int64)
-    table = torch.zeros(batch, 9, dtype=torch.int64)
+    table = torch.zeros(batch, kres.T_COLS, dtype=torch.int64)
     args = (ws, table, sel, sel[:, :, 0].contiguous(), sel.clone())
     opts = dict(hot_slots=2, tail_rows=4, page_rows=4, rows_bound=8, finished_epoch=0) | kw
     return args, opts
@@ -74,7 +74,7 @@ def _lookup_args(batch: int, ws_batch: int, **kw) -> tuple[tuple, dict]:
     (1, dict(page_rows=0), r"page_rows=0 is below the minimum 1"),
     (1, dict(tail_rows=2**31), r"tail_rows=2147483648 exceeds the kernel limit"),
     (1, dict(hot_slots=-1), r"hot_slots=-1 is below the minimum 0"),
-    (2, {}, r"ws.need_loc holds 4 values; batch=2, K\*k=4, hot_slots=2 need 8"),
+    (2, {}, r"ws.miss_dst holds 4 values; batch=2, K\*k=4, hot_slots=2 need 8"),
 ])
 def test_lookup_refuses_bad_arguments_before_touching_the_device(batch, kw, message) -> None:
     from kernels import resolver as kres
@@ -94,6 +94,19 @@ def test_commit_checks_the_round_like_lookup() -> None:
         kres.commit(ws, table, sel, locs[:, :1], stage, out, epoch=1, hot_slots=2)
     with pytest.raises(InvalidArgument, match="table is on device=cpu"):
         kres.commit(ws, table, sel, locs, stage, out, epoch=1, hot_slots=2)
+
+
+def test_lookup_shared_memory_formula_and_long_histories_fit_an_sm() -> None:
+    """Miss bitmap (u32) + its prefix (u16) in 16-byte groups, hit bitmap over the sorted
+    slots, LRU keys: 100K-row requests with B = 4096 take 52 KB (two blocks fit an SM);
+    a million-row history still fits the H200's 227 KB opt-in less the static 9.4 KB."""
+    from kernels.resolver import bitmap_words, lookup_shared_bytes, sort_size
+
+    assert lookup_shared_bytes(3125, 4096) == 6 * 3128 + 4096 // 8 + 8 * 4096 == 52_048
+    assert lookup_shared_bytes(1, sort_size(5000)) == 6 * 4 + 8192 // 8 + 8 * 8192
+    cap = 227 * 1024 - 9424
+    assert lookup_shared_bytes(bitmap_words(1_000_000), sort_size(4096)) <= cap
+    assert 2 * (lookup_shared_bytes(3125, 4096) + 9424) <= 228 * 1024
 
 
 def test_a_misaligned_row_buffer_is_named_as_such() -> None:

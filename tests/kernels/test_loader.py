@@ -33,20 +33,20 @@ def test_the_resolver_parts_join_into_one_source_with_every_kernel_the_wrappers_
 
 
 def test_workspace_pointers_follow_the_kernels_argument_order() -> None:
-    """Both launches take need_loc, misses, victims, hit_mask, summary, totals in this
+    """Both launches take miss_dst, misses, victims, hit_mask, summary, totals in this
     order right after their own leading arguments (resolver_lookup.cu / _commit.cu)."""
     import torch
 
     from kernels.resolver import Workspace
 
     ws = Workspace.new(2, 4, 3, torch.device("cpu"))
-    order = (ws.need_loc, ws.misses, ws.victims, ws.hit_mask, ws.summary, ws.totals)
+    order = (ws.miss_dst, ws.misses, ws.victims, ws.hit_mask, ws.summary, ws.totals)
     assert [int(p) for p in ws.pointers()] == [t.data_ptr() for t in order]
     text = source("resolver")
     macro = text[text.index("#define LOOKUP_PASS"):].split("\n")[0:2]
     names = [n.strip(" \\") for n in " ".join(macro).split()[2:]]
     names = [n.rstrip(",") for n in names if n.rstrip(",")]
-    assert names[4:10] == ["need_loc", "misses", "victims", "hit_mask", "summary", "totals"]
+    assert names[4:10] == ["miss_dst", "misses", "victims", "hit_mask", "summary", "totals"]
 
 
 def test_promote_passes_arguments_in_the_kernels_order() -> None:

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.decode import hierarchy as ref
-from tests.hierarchy.harness import Harness, assert_same, snapshot
+from services.decode.hierarchy.request import reindex_hot
+from tests.hierarchy.harness import Harness, assert_same, distinct_hot, snapshot
 from tests.hierarchy.test_staging_promotion import _one_by_one, _staged_group
 
 
@@ -45,11 +46,11 @@ def test_pending_readers_raise_and_change_nothing() -> None:
 
 
 def test_promote_validates_before_launch() -> None:
-    from kernels.resolver import promote
+    from kernels.resolver import T_COLS, promote
 
     z = torch.zeros(1, dtype=torch.int64)
     with pytest.raises(InvalidArgument, match="table is on device=cpu"):
-        promote(torch.zeros(1, 9, dtype=torch.int64), z, z, torch.zeros(2, dtype=torch.int64),
+        promote(torch.zeros(1, T_COLS, dtype=torch.int64), z, z, torch.zeros(2, dtype=torch.int64),
                 z, torch.zeros(1, dtype=torch.int32), z, z, hot_slots=4, rows_bound=8,
                 finished_epoch=0, row_bytes=16)
 
@@ -74,11 +75,14 @@ def test_kernel_equals_one_by_one_on_small_groups(data) -> None:
 
     h = _staged_group(data, "cuda")
     twin = copy.deepcopy(h.group)
+    indexed = all(distinct_hot(s) for s in h.group.requests.values())
     assert dropin.release_staging(h.group) == _one_by_one(twin)
     for rid, s in h.group.requests.items():
         r = twin.requests[rid]
         for f in ("hot_rows", "hot_stamp", "hot_protect"):
             assert torch.equal(getattr(s, f), getattr(r, f)), (rid, f)
+        if indexed:  # the index is defined under I4 only (the drawn hot rows may repeat)
+            assert torch.equal(s.hot_index, r.hot_index), rid
     for a, b in zip(h.group.payloads, twin.payloads, strict=True):
         assert torch.equal(a, b)
     assert h.group.staging.free_locs == twin.staging.free_locs
@@ -97,16 +101,17 @@ def _big_group(seed: int, hot: int, requests: int, per_block: int, waves: int,
     g = h.group
     epoch = 40
     rids = [f"r{i}" for i in range(requests)]
+    universe = 2 * hot + 1000  # committed rows (I4: hot rows are), well over B
     for rid in rids:
-        h.admit(rid, 150, 100)
+        h.admit(rid, universe, universe)
     g.clock = g.finished_epoch = epoch
-    universe = 8 * hot + 1000
     for rid in rids:
         s = g.request(rid)
         rows = rng.sample(range(universe), hot)
         s.hot_rows[:] = torch.tensor([r if rng.random() < 0.9 else -1 for r in rows])
         s.hot_stamp[:] = torch.tensor([rng.choice([0, rng.randrange(epoch)]) for _ in rows])
         s.hot_protect[:] = torch.tensor([rng.randrange(epoch + 2) for _ in rows])
+        reindex_hot(s)
     for w in range(waves):
         for rid in rids:
             held = [r for r in g.request(rid).hot_rows.tolist() if r >= 0]

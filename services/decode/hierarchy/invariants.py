@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from .group import SourceGroup
+from .request import HOT_SLOT_BITS
 from .resolver import ResolvePlan
 
 Truth = Mapping[tuple[str, int], torch.Tensor]
@@ -115,6 +116,7 @@ def assert_ordering(group: SourceGroup) -> None:
             assert page in group.pages.kind, f"I4: {rid!r} maps free page {page}"
         held = state.hot_rows.cpu()[state.hot_rows.cpu() >= 0]
         assert held.unique().numel() == held.numel(), f"I4: {rid!r} row in two hot slots"
+        assert_hot_index(state)
         backed = group.backed_mask(state)
         assert bool(backed[held].all()), f"I4: {rid!r} hot slot holds an unbacked row"
         assert bool((held < state.committed).all()), f"I4: {rid!r} hot row uncommitted"
@@ -122,6 +124,20 @@ def assert_ordering(group: SourceGroup) -> None:
             assert not bool(backing.backed_mask()[state.committed :].any()), (
                 f"I5: {rid!r} has uncommitted rows backed"
             )
+
+
+def assert_hot_index(state) -> None:
+    """``hot_index`` is the inverse of ``hot_rows`` (request.py): the held rows map to their
+    slots' packed entries, every other row to -1."""
+    rows, index = state.hot_rows.cpu(), state.hot_index.cpu()
+    want = torch.full_like(index, -1)
+    slots = torch.nonzero(rows >= 0).flatten()
+    want[rows[slots]] = state.hot_locs.cpu()[slots] << HOT_SLOT_BITS | slots
+    bad = torch.nonzero(index != want).flatten()
+    assert bad.numel() == 0, (
+        f"I4: hot_index of {state.request_id!r} disagrees with hot_rows at rows "
+        f"{bad[:8].tolist()}: {index[bad[:8]].tolist()} != {want[bad[:8]].tolist()}"
+    )
 
 
 def assert_no_leak(group: SourceGroup) -> None:

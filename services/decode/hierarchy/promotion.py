@@ -20,7 +20,7 @@ import torch
 
 from services.common.errors import FailedPrecondition
 
-from .request import lru_order
+from .request import lru_order, set_hot_rows, set_hot_rows_where
 from .staging import StagedBlock, StagedRow
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def _promote_masked(group: SourceGroup, state: RequestState, epoch: int, rows: t
     r = min(rows.numel(), order.numel())
     take = order[:r]
     valid = torch.arange(r, device=rows.device) < eligible.sum()
-    state.hot_rows[take] = torch.where(valid, rows[:r], state.hot_rows[take])
+    set_hot_rows_where(state, take, rows[:r], valid)
     state.hot_stamp[take] = torch.where(valid, torch.full_like(rows[:r], epoch),
                                         state.hot_stamp[take])
     dst = state.hot_locs[take]
@@ -135,6 +135,6 @@ def _promote_one(group: SourceGroup, state: RequestState, entry: StagedRow) -> i
     dst = state.hot_locs[slot]
     for payload in group.payloads:
         payload[dst] = payload[entry.loc]
-    state.hot_rows[slot] = entry.row
+    set_hot_rows(state, slot[None], torch.tensor([entry.row], device=slot.device))
     state.hot_stamp[slot] = entry.epoch
     return 1

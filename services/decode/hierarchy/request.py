@@ -8,6 +8,10 @@ All tensors live on the group's device (the kernels read them); ``B = hot_slots`
     hot_protect  int64 [B]  epoch of the last resolve that returned the slot; the slot
                             is protected while hot_protect > group.finished_epoch
     hot_locs     int64 [B]  pool row of each hot slot (fixed at admission)
+    hot_index    int64 [max_rows]  the inverse of hot_rows: hot_locs[s] << 20 | s for the
+                            slot s holding the row, -1 for a row no slot holds (derived
+                            state, kept by every writer of hot_rows; the CUDA lookup
+                            finds a hit with one load instead of scanning the B slots)
     tail_locs    int64 [T]  pool row of each tail ring slot; row s lives at tail_locs[s % T]
     page_map     int64 [P]  physical page holding logical page g (rows g*p .. g*p+p-1), -1
     page_ready   bool  [P]  True once the page's copy completed (only ready pages resolve)
@@ -44,6 +48,7 @@ class RequestState:
     hot_stamp: torch.Tensor
     hot_protect: torch.Tensor
     hot_locs: torch.Tensor
+    hot_index: torch.Tensor
     tail_locs: torch.Tensor
     page_map: torch.Tensor
     page_ready: torch.Tensor
@@ -92,11 +97,54 @@ def new_request_state(
         hot_stamp=torch.zeros(hot_slots, dtype=torch.int64, device=device),
         hot_protect=torch.zeros(hot_slots, dtype=torch.int64, device=device),
         hot_locs=rows[:hot_slots].clone(),
+        hot_index=torch.full((max_rows if hot_slots else 0,), -1, dtype=torch.int64, device=device),
         tail_locs=rows[hot_pages * page_rows : hot_pages * page_rows + tail_rows].clone(),
         page_map=torch.full((num_logical,), -1, dtype=torch.int64, device=device),
         page_ready=torch.zeros(num_logical, dtype=torch.bool, device=device),
         required_pages=list(required_pages),
     )
+
+
+HOT_SLOT_BITS = 20  # hot_index packs (pool row << 20 | slot); slots stay below 2^20
+
+
+def hot_entries(state: RequestState, slots: torch.Tensor) -> torch.Tensor:
+    """``hot_index`` values of ``slots``: their pool rows << HOT_SLOT_BITS | slot."""
+    return state.hot_locs[slots] << HOT_SLOT_BITS | slots
+
+
+def set_hot_rows(state: RequestState, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """``hot_rows[slots] = rows`` with ``hot_index`` kept its inverse: the rows the slots
+    held leave the index, then ``rows`` enter it. ``slots`` distinct, ``rows`` distinct
+    and held by no other slot (invariant I4)."""
+    old = state.hot_rows[slots]
+    state.hot_index[old[old >= 0]] = -1
+    state.hot_rows[slots] = rows
+    state.hot_index[rows] = hot_entries(state, slots)
+
+
+def set_hot_rows_where(state: RequestState, slots: torch.Tensor, rows: torch.Tensor,
+                       valid: torch.Tensor) -> None:
+    """``set_hot_rows`` of the ``valid`` pairs only, without reading the device (no mask
+    indexing): the index moves by added differences, zero for the others, so the pairs
+    left out may all point at row 0. Same premises as ``set_hot_rows``."""
+    old = state.hot_rows[slots]
+    gone = valid & (old >= 0)
+    at = torch.where(gone, old, 0)
+    gone_delta = torch.where(gone, -1 - state.hot_index[at], 0)
+    state.hot_index.index_put_((at,), gone_delta, accumulate=True)
+    at = torch.where(valid, rows, 0)
+    new = torch.where(valid, hot_entries(state, slots) - state.hot_index[at], 0)
+    state.hot_index.index_put_((at,), new, accumulate=True)
+    state.hot_rows[slots] = torch.where(valid, rows, old)
+
+
+def reindex_hot(state: RequestState) -> None:
+    """Rebuild ``hot_index`` from ``hot_rows`` (for code that wrote ``hot_rows`` directly).
+    Rows held by two slots (I4 broken) keep one of them."""
+    state.hot_index.fill_(-1)
+    held = torch.nonzero(state.hot_rows >= 0).flatten()
+    state.hot_index[state.hot_rows[held]] = hot_entries(state, held)
 
 
 def lru_order(stamp: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ from services.common.errors import FailedPrecondition, InvalidArgument, Resource
 
 from .counters import SelectionCounts
 from .group import SourceGroup
-from .request import RequestState, lru_order
+from .request import RequestState, lru_order, set_hot_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +238,7 @@ def _commit_lookup(
         return lu.need, lu.need
     hit_slots = lu.need_hit_slot[lu.need_hit_slot >= 0]
     n_hot = lu.victims.numel()
-    state.hot_rows[lu.victims] = lu.misses[:n_hot]
+    set_hot_rows(state, lu.victims, lu.misses[:n_hot])
     touched = torch.cat([hit_slots, lu.victims])
     state.hot_stamp[touched] = epoch
     state.hot_protect[touched] = epoch
