@@ -9,8 +9,6 @@ import os
 
 from services.common.errors import InvalidArgument
 
-from ._loader import sm_count
-
 # lookup's select_mode: 0 bitonic sort; 1 radix select counting bins with __match_any_sync
 # aggregation; 2 the same with one shared atomic per key (faster on the H200, 0170b9e)
 VICTIM_SELECT = {"sort": 0, "radix_match": 1, "radix": 2}
@@ -50,15 +48,16 @@ def defines() -> tuple[str, ...]:
 
 
 def lookup_blocks(batch: int, device: int) -> int:
-    """Lookup blocks per SM: ``DHISPARSE_LOOKUP_BLOCKS`` (auto | 1 | 2), default auto = 2 when
-    the batch exceeds the SM count (one wave instead of two; 32 registers and 2 loads in
-    flight per thread instead of 64 and 4), else 1. Same results either way."""
+    """Lookup blocks per SM: ``DHISPARSE_LOOKUP_BLOCKS`` (auto | 1 | 2), default auto = 1.
+    Two per SM (32 registers, 2 loads in flight per thread instead of 64 and 4) put a batch
+    above the SM count in one wave; since hits are found by ``hot_index`` that variant
+    spills 304 bytes and was slower in the same call at batch 160 (H200, 2d628dc, 656 B, top_k
+    2048, one block vs two: no misses 32.6 vs 33.4 us, 2% 224 vs 231, 20% 1466 vs 1566).
+    Same results either way."""
     value = os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto")
     if value not in LOOKUP_BLOCKS:
         raise InvalidArgument(f"DHISPARSE_LOOKUP_BLOCKS={value!r} must be one of {LOOKUP_BLOCKS}")
-    if value == "auto":
-        return 2 if batch > sm_count(device) else 1
-    return int(value)
+    return 1 if value == "auto" else int(value)
 
 
 def _count(var: str, limit: int) -> int:

@@ -23,7 +23,7 @@ def _staged_group(data, device: str = "cpu") -> Harness:
     h = Harness(device, hot_slots=slots, staging_rows=16)
     rids = ["a", "b"]
     for rid in rids:
-        h.admit(rid, 40, 8)
+        h.admit(rid, 40, 16)  # rows drawn below are committed (hot rows are, I4)
     g = h.group
     g.clock = g.finished_epoch = 6
     for rid in rids:

@@ -265,7 +265,7 @@ def test_fused_resolver_matches_reference(
     case: tuple, select: str, blocks: str, monkeypatch
 ) -> None:
     monkeypatch.setenv("DHISPARSE_VICTIM_SELECT", select)
-    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", blocks)  # auto: 2 per SM for batch 256
+    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", blocks)  # both variants, "2" explicitly
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)  # fresh inputs every run; printed on failure
     h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
