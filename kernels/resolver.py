@@ -36,6 +36,7 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
     default_copy_blocks,
     default_select,
     defines,
+    launched_copy_blocks,
     lookup_blocks,
 )
 
@@ -45,7 +46,6 @@ R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 ST_SELECTION, ST_NOT_RESIDENT, ST_STAGING = 1 | 2 | 4 | 16, 8, 32
 LOOKUP_THREADS, COMMIT_THREADS = 1024, 512
 SORT_N = 4096  # resolver_lookup.cu: B <= 4096 sorts in registers; larger B in shared memory
-COPY_BLOCKS_PER_SM = 2  # __launch_bounds__(512, 2): 64 registers (52 B spill, ptxas -v)
 MAX_BATCH, MAX_ENTRIES, MAX_SLOTS = (
     1024,
     65535,
@@ -266,9 +266,10 @@ def commit(
     ``stage_locs[0..]`` in (request, ascending row) order; if they do not fit, status gets
     ST_STAGING and nothing changes.
 
-    copy_blocks: blocks sharing the miss copies; 0 = the kernel's rule (2 per SM launched;
-    at work 16 while the batch misses at most 1024 rows per request, else about one per 512
-    copy items of the mean request's misses, at least 16); None = ``default_copy_blocks()``.
+    copy_blocks: blocks sharing the miss copies; 0 = the kernel's rule (``launched_copy_blocks``
+    launched; at work 16 while the batch misses at most 1024 rows per request, else about
+    one per 512 copy items of the mean request's misses, at least 16); None =
+    ``default_copy_blocks()``.
     parts: commit blocks per request, each stamping the hits of 1 / parts of its slots
     (part 0 also takes the misses); 0 = ``commit_parts_rule``; None =
     ``default_commit_parts()``.
@@ -328,7 +329,8 @@ def commit(
     check_limit("parts", parts, MAX_COMMIT_PARTS)
     parts = parts or commit_parts_rule(batch, sm_count(dev))
     args += (np.int32(copy_blocks), np.int32(ws.commit_sums), np.int32(parts))
-    grid = batch * parts + ((copy_blocks or sm_count(dev) * COPY_BLOCKS_PER_SM) if layers else 0)
+    copies = copy_blocks or launched_copy_blocks(batch * parts, sm_count(dev))
+    grid = batch * parts + (copies if layers else 0)
     if dependent:
         launch_dependent(fn, (grid,), (COMMIT_THREADS,), args)
     else:

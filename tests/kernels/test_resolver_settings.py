@@ -43,6 +43,9 @@ def test_commit_parts_setting_is_validated_and_the_rule_fills_the_sms(monkeypatc
     # batch 1..33 on 132 SMs: 4 parts; then fewer, 1 once the batch fills the SMs
     assert [kres.commit_parts_rule(b, 132) for b in (1, 32, 33, 44, 45, 66, 67, 132, 256)] == [
         4, 4, 4, 3, 2, 2, 1, 1, 1]
+    # copy blocks launched: the rest of one wave of 2 per SM, at least one per SM
+    assert [kres.launched_copy_blocks(c, 132) for c in (1, 4, 128, 132, 133, 160, 1024)] == [
+        263, 260, 136, 132, 132, 132, 132]
 
 
 def test_dependent_launch_structures_match_cuda_h() -> None:
@@ -90,3 +93,15 @@ def test_compile_variants_follow_the_environment(monkeypatch) -> None:
     with pytest.raises(InvalidArgument, match="DHISPARSE_RESOLVER_LINEINFO='yes' must be 0 or 1"):
         kres.defines()
 
+
+
+def test_lookup_blocks_default_to_one_per_sm(monkeypatch) -> None:
+    from kernels import resolver as kres
+
+    monkeypatch.delenv("DHISPARSE_LOOKUP_BLOCKS", raising=False)
+    assert [kres.lookup_blocks(b, 0) for b in (1, 160, 1024)] == [1, 1, 1]
+    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", "2")
+    assert kres.lookup_blocks(1, 0) == 2
+    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", "3")
+    with pytest.raises(InvalidArgument, match="DHISPARSE_LOOKUP_BLOCKS='3' must be one of"):
+        kres.lookup_blocks(1, 0)
