@@ -229,9 +229,11 @@ __device__ __forceinline__ void lookup_body(
     __syncthreads();
     TRACE(1);  // pass 1 done
 
-    unsigned m = 0, nv = 0;
+    unsigned m = 0, nv = 0, u_miss = 0;  // u_miss: distinct rows without a hot slot
     const unsigned hot_entries = cnt[2], host_entries = cnt[3];
     if (host_entries > 0 && B == 0) {
+        // no hot cache: refused; S_U still counts the rows (the drop-in names the request)
+        u_miss = bitmap_prefix(miss_bm, miss_pre, Wp, tmp);  // syncs
         if (threadIdx.x == 0) atomicOr(&cnt[6], (unsigned)ST_NOT_RESIDENT);
     } else if (hot_entries + host_entries > 0) {
         // hit slots go out as a mask (word s / 32: slots 32 (s / 32) ..; the commit stamps
@@ -245,7 +247,7 @@ __device__ __forceinline__ void lookup_body(
         block_add(&cnt[4], n_slots);
         TRACE(3);  // hit mask out
         if (host_entries > 0) {
-            m = bitmap_prefix(miss_bm, miss_pre, Wp, tmp);  // syncs
+            m = u_miss = bitmap_prefix(miss_bm, miss_pre, Wp, tmp);  // syncs
             TRACE(4);  // miss prefix
             // pass 2: a miss entry gets its encoded rank among the misses
             auto pass2 = [&](auto groups) {
@@ -335,7 +337,7 @@ __device__ __forceinline__ void lookup_body(
     TRACE(6);  // misses listed, victims chosen
     if (threadIdx.x == 0) {
         i64* sm = summary + (i64)b * SCOLS;
-        const unsigned u = cnt[4] + m;  // distinct rows of steps 2-3: hit slots + misses
+        const unsigned u = cnt[4] + u_miss;  // distinct rows of steps 2-3: hit slots + the rest
         sm[S_STATUS] = (i64)cnt[6];
         sm[S_U] = u;
         sm[S_M] = m;

@@ -38,6 +38,29 @@ def test_cpu_group_falls_back_to_the_reference() -> None:
     assert_same(snapshot(pair[0]), snapshot(pair[1]))
 
 
+@pytest.mark.gpu
+def test_rows_without_a_hot_cache_raise_like_the_reference_and_change_nothing() -> None:
+    """policy resident has no hot cache (B = 0): a row neither in the tail nor on a ready
+    page has nowhere to go. The kernels flag it and the drop-in names the request."""
+    from kernels import dropin
+
+    pair = [Harness("cuda", policy="resident", layers=1) for _ in range(2)]
+    for h in pair:
+        h.admit("a", 32, 16)
+        h.admit("b", 32, 16)
+        h.open("a", 1)
+        h.open("b", 1)
+        h.group.request("b").page_ready[0] = False  # as if its copy had not completed
+    sel = pair[0].tensor([[[3, 16]], [[1, 16]]])
+    bounds = pair[0].causal_bounds(["a", "b"], 1)
+    with pytest.raises(RuntimeError, match="request_id='b': rows \\[1\\] not resident"):
+        ref.resolve(pair[0].group, ["a", "b"], sel, bounds)
+    before = snapshot(pair[1])
+    with pytest.raises(RuntimeError, match="request_id='b': rows needing the hot cache are not"):
+        dropin.resolve(pair[1].group, ["a", "b"], sel, bounds)
+    assert_same(before, snapshot(pair[1]))
+
+
 def test_lookup_validates_shapes_before_launch() -> None:
     from kernels import resolver as kres
 
