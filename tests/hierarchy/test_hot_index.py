@@ -1,0 +1,68 @@
+"""``hot_index``, the inverse of ``hot_rows`` (request.py): the reference's updates keep it
+exact, and the check of invariant I4 catches a stale entry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.decode.hierarchy.invariants import assert_hot_index
+from services.decode.hierarchy.request import (
+    HOT_SLOT_BITS,
+    new_request_state,
+    reindex_hot,
+    set_hot_rows,
+    set_hot_rows_where,
+)
+
+ROWS, SLOTS = 40, 6
+
+
+def _state(held: list[int]):
+    s = new_request_state("a", ROWS, 0, ROWS, [0, 1, 2], SLOTS, 4, 4, torch.device("cpu"))
+    s.hot_rows[:] = torch.tensor(held)
+    reindex_hot(s)
+    return s
+
+
+@st.composite
+def _moves(draw):
+    """A hot cache with distinct rows (I4) and a batch of (slot, row, valid) moves: slots
+    distinct, rows distinct and held by no slot (the premises of both updates)."""
+    rows = draw(st.lists(st.integers(0, ROWS - 1), min_size=SLOTS, max_size=SLOTS, unique=True))
+    held = [r if draw(st.booleans()) else -1 for r in rows]
+    n = draw(st.integers(0, SLOTS))
+    slots = draw(st.permutations(range(SLOTS)))[:n]
+    free = [r for r in range(ROWS) if r not in held]
+    new = draw(st.lists(st.sampled_from(free), min_size=n, max_size=n, unique=True))
+    valid = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    return held, slots, new, valid
+
+
+@settings(max_examples=300, deadline=None)
+@given(_moves())
+def test_the_device_read_free_update_equals_the_masked_one(moves) -> None:
+    held, slots, new, valid = moves
+    a, b = _state(held), _state(held)
+    t = dict(dtype=torch.int64)
+    mask = torch.tensor(valid, dtype=torch.bool)
+    set_hot_rows_where(a, torch.tensor(slots, **t), torch.tensor(new, **t), mask)
+    set_hot_rows(b, torch.tensor(slots, **t)[mask], torch.tensor(new, **t)[mask])
+    assert torch.equal(a.hot_rows, b.hot_rows)
+    assert torch.equal(a.hot_index, b.hot_index)
+    assert_hot_index(a)
+
+
+def test_entries_pack_the_slots_pool_row_and_a_stale_entry_is_caught() -> None:
+    s = _state([7, -1, 3, -1, -1, -1])
+    assert int(s.hot_index[7]) == int(s.hot_locs[0]) << HOT_SLOT_BITS | 0
+    assert int(s.hot_index[3]) == int(s.hot_locs[2]) << HOT_SLOT_BITS | 2
+    assert int((s.hot_index >= 0).sum()) == 2
+    set_hot_rows(s, torch.tensor([0]), torch.tensor([9]))  # row 7 leaves, row 9 enters
+    assert int(s.hot_index[7]) == -1 and int(s.hot_index[9]) & 0xFFFFF == 0
+    assert_hot_index(s)
+    s.hot_rows[1] = 11  # written past the index
+    with pytest.raises(AssertionError, match=r"I4: hot_index of 'a' disagrees .* rows \[11\]"):
+        assert_hot_index(s)
