@@ -164,7 +164,7 @@ def lookup(
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
     shared = lookup_shared_bytes(words, pow2)
     dev = selections.device.index
-    blocks = lookup_blocks(batch, dev)
+    blocks = lookup_blocks()
     fn = kernel("resolver", "resolve_lookup_2" if blocks == 2 else "resolve_lookup", dev, True,
                 defines())
     cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)

@@ -47,7 +47,7 @@ def defines() -> tuple[str, ...]:
     return tuple(out)
 
 
-def lookup_blocks(batch: int, device: int) -> int:
+def lookup_blocks() -> int:
     """Lookup blocks per SM: ``DHISPARSE_LOOKUP_BLOCKS`` (auto | 1 | 2), default auto = 1.
     Two per SM (32 registers, 2 loads in flight per thread instead of 64 and 4) put a batch
     above the SM count in one wave; since hits are found by ``hot_index`` that variant

@@ -99,9 +99,9 @@ def test_lookup_blocks_default_to_one_per_sm(monkeypatch) -> None:
     from kernels import resolver as kres
 
     monkeypatch.delenv("DHISPARSE_LOOKUP_BLOCKS", raising=False)
-    assert [kres.lookup_blocks(b, 0) for b in (1, 160, 1024)] == [1, 1, 1]
+    assert kres.lookup_blocks() == 1
     monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", "2")
-    assert kres.lookup_blocks(1, 0) == 2
+    assert kres.lookup_blocks() == 2
     monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", "3")
     with pytest.raises(InvalidArgument, match="DHISPARSE_LOOKUP_BLOCKS='3' must be one of"):
-        kres.lookup_blocks(1, 0)
+        kres.lookup_blocks()

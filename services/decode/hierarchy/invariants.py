@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from .group import SourceGroup
-from .request import HOT_SLOT_BITS
+from .request import hot_entries
 from .resolver import ResolvePlan
 
 Truth = Mapping[tuple[str, int], torch.Tensor]
@@ -131,8 +131,8 @@ def assert_hot_index(state) -> None:
     slots' packed entries, every other row to -1."""
     rows, index = state.hot_rows.cpu(), state.hot_index.cpu()
     want = torch.full_like(index, -1)
-    slots = torch.nonzero(rows >= 0).flatten()
-    want[rows[slots]] = state.hot_locs.cpu()[slots] << HOT_SLOT_BITS | slots
+    slots = torch.nonzero(state.hot_rows >= 0).flatten()
+    want[rows[slots.cpu()]] = hot_entries(state, slots).cpu()
     bad = torch.nonzero(index != want).flatten()
     assert bad.numel() == 0, (
         f"I4: hot_index of {state.request_id!r} disagrees with hot_rows at rows "
