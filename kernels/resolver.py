@@ -37,7 +37,7 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
     default_select,
     defines,
     launched_copy_blocks,
-    lookup_blocks,
+    lookup_shape,
 )
 
 T_COLS, S_COLS, TOT_COLS = 10, 10, 9  # table / summary / totals columns (resolver_common.cuh enums)
@@ -45,7 +45,8 @@ S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 ST_SELECTION, ST_NOT_RESIDENT, ST_STAGING = 1 | 2 | 4 | 16, 8, 32
 LOOKUP_THREADS, COMMIT_THREADS = 1024, 512
-SORT_N = 4096  # resolver_lookup.cu: B <= 4096 sorts in registers; larger B in shared memory
+# resolver_sort.cuh at 1024 threads: B <= 4096 sorts in registers; larger B in shared memory
+SORT_N = 4096
 MAX_BATCH, MAX_ENTRIES, MAX_SLOTS = (
     1024,
     65535,
@@ -164,9 +165,8 @@ def lookup(
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
     shared = lookup_shared_bytes(words, pow2)
     dev = selections.device.index
-    blocks = lookup_blocks()
-    fn = kernel("resolver", "resolve_lookup_2" if blocks == 2 else "resolve_lookup", dev, True,
-                defines())
+    func, flags, threads = lookup_variant(batch, dev)
+    fn = kernel("resolver", func, dev, True, flags)
     cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
     check_limit("shared bytes (24 * ceil(rows_bound / 128) + 8.125 * pow2(B))", shared, cap)
     args = (
@@ -187,11 +187,20 @@ def lookup(
         np.int32(VICTIM_SELECT[select]),
         np.int32(bool(host_totals)),
     )
-    launch(fn, (batch,), (LOOKUP_THREADS,), args, shared)
+    launch(fn, (batch,), (threads,), args, shared)
     ws.commit_sums = not host_totals
 
 
 INT32_MAX = 2**31 - 1
+
+
+def lookup_variant(batch: int, device: int) -> tuple[str, tuple[str, ...], int]:
+    """The lookup kernel a batch runs (``lookup_shape``): its name, the compile flags of its
+    module (a 512-thread build is a module of its own: a phase trace reads that module's
+    ``g_trace``) and its threads per block."""
+    threads, per_sm = lookup_shape(batch, sm_count(device))
+    flags = defines() + (() if threads == LOOKUP_THREADS else (f"-DNT={threads}",))
+    return ("resolve_lookup_2" if per_sm == 2 else "resolve_lookup"), flags, threads
 
 
 def lookup_shared_bytes(words: int, pow2: int) -> int:

@@ -35,7 +35,9 @@ typedef long long i64;
 typedef int i32;
 typedef unsigned short u16;
 
-#define NT 1024
+#ifndef NT  // threads per block of the lookup and promote kernels; -DNT=512 builds the
+#define NT 1024  // lookup of two 512-thread blocks per SM (kernels/resolver_settings.py lookup_shape)
+#endif
 #define MAXB 1024  // batch limit (shared offsets of the copy blocks)
 
 template <int W> struct Vec;

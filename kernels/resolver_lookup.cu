@@ -326,7 +326,7 @@ __device__ __forceinline__ void lookup_body(
                                ((unsigned long long)kbits[1] << 32) | kbits[0],
                                ((unsigned long long)kbits[3] << 32) | kbits[2], select_mode == 1);
             } else {
-                if (Bp == SORT_N) sort_4096(keys);
+                if (Bp == SORT_N) sort_registers(keys);
                 else sort_smem(keys, Bp);
                 for (int i = threadIdx.x; i < (int)nv; i += NT)
                     victims[(i64)b * B + i] = (i32)(keys[i] & 0xFFFFFull);
@@ -380,5 +380,9 @@ __device__ __forceinline__ void lookup_body(
                     k, B, Bp, T, p, W, finished_epoch, select_mode, sums
 // One block per SM (64 registers, 4 loads in flight per thread) ...
 extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) { lookup_body<4>(LOOKUP_PASS); }
-// ... or two (32 registers, 2 loads in flight): a batch above the SM count in one wave.
-extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2(LOOKUP_ARGS) { lookup_body<2>(LOOKUP_PASS); }
+// ... or two: a batch above the SM count in one wave. At NT = 1024 that leaves 32 registers
+// (2 loads in flight per thread); built with -DNT=512, 64 registers and 4 in flight, so a
+// block keeps as many loads in flight as one 1024-thread block.
+extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2(LOOKUP_ARGS) {
+    lookup_body<(NT > 512 ? 2 : 4)>(LOOKUP_PASS);
+}

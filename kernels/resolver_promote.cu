@@ -82,7 +82,7 @@ __device__ __forceinline__ void promote_body(const i64* __restrict__ table, cons
     }
     bad = __syncthreads_or(bad);
     const int n_e = (int)s_cnt;
-    if (Bp == SORT_N) sort_4096(keys);
+    if (Bp == SORT_N) sort_registers(keys);
     else sort_smem(keys, Bp);
     if (!bad) {
         const i64 m = min(n, (i64)n_e);

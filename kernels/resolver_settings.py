@@ -12,7 +12,6 @@ from services.common.errors import InvalidArgument
 # lookup's select_mode: 0 bitonic sort; 1 radix select counting bins with __match_any_sync
 # aggregation; 2 the same with one shared atomic per key (faster on the H200, 0170b9e)
 VICTIM_SELECT = {"sort": 0, "radix_match": 1, "radix": 2}
-LOOKUP_BLOCKS = ("auto", "1", "2")
 MAX_COPY_BLOCKS = 1 << 16  # DHISPARSE_COPY_BLOCKS / copy_blocks
 MAX_COMMIT_PARTS = 8  # DHISPARSE_COMMIT_PARTS / commit(parts=)
 
@@ -47,17 +46,26 @@ def defines() -> tuple[str, ...]:
     return tuple(out)
 
 
-def lookup_blocks() -> int:
-    """Lookup blocks per SM: ``DHISPARSE_LOOKUP_BLOCKS`` (auto | 1 | 2), default auto = 1.
-    Two per SM (32 registers, 2 loads in flight per thread instead of 64 and 4) put a batch
-    above the SM count in one wave; since hits are found by ``hot_index`` that variant
-    spills 304 bytes and was slower in the same call at batch 160 (H200, 2d628dc, 656 B, top_k
-    2048, one block vs two: no misses 32.6 vs 33.4 us, 2% 224 vs 231, 20% 1466 vs 1566).
-    Same results either way."""
+LOOKUP_SHAPES = {"1": (1024, 1), "2": (1024, 2), "2x512": (512, 2)}  # threads, blocks per SM
+
+
+def lookup_shape(batch: int, sms: int) -> tuple[int, int]:
+    """Lookup threads per block and blocks per SM: ``DHISPARSE_LOOKUP_BLOCKS`` = 1 (1024
+    threads, one block per SM), 2 (1024 threads, two per SM: 32 registers, 2 loads in flight
+    per thread; since hits are found by ``hot_index`` it spills 304 bytes and was slower in
+    the same call at batch 160: H200, 2d628dc, 656 B, top_k 2048, no misses 32.6 vs 33.4 us,
+    2% 224 vs 231, 20% 1466 vs 1566), 2x512 (512 threads, two per SM, 64 registers and 4
+    loads in flight: a batch up to twice the SM count in one wave, each block with the
+    loads in flight of a 1024-thread one) or auto: 2x512 when the batch exceeds the SM
+    count, else 1. Same results every way."""
     value = os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto")
-    if value not in LOOKUP_BLOCKS:
-        raise InvalidArgument(f"DHISPARSE_LOOKUP_BLOCKS={value!r} must be one of {LOOKUP_BLOCKS}")
-    return 1 if value == "auto" else int(value)
+    if value != "auto" and value not in LOOKUP_SHAPES:
+        raise InvalidArgument(
+            f"DHISPARSE_LOOKUP_BLOCKS={value!r} must be one of {('auto', *LOOKUP_SHAPES)}"
+        )
+    if value == "auto":
+        value = "2x512" if batch > sms else "1"
+    return LOOKUP_SHAPES[value]
 
 
 def _count(var: str, limit: int) -> int:

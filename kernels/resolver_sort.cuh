@@ -5,7 +5,7 @@
 // (resolver_promote.cu). NT threads per block.
 #include "resolver_common.cuh"
 
-#define SORT_N 4096  // register bitonic sort size: 4 keys per thread of NT
+#define SORT_N (4 * NT)  // register bitonic sort size: 4 keys per thread (4096 at NT = 1024)
 
 __device__ __forceinline__ unsigned long long bitonic_pick(unsigned long long mine, unsigned long long other,
                                                           int i, int j, int kk) {
@@ -19,7 +19,7 @@ __device__ __forceinline__ unsigned long long bitonic_pick(unsigned long long mi
 // through shared memory and a barrier. Already-sorted input (an empty or cold cache:
 // stamps 0, slot order) returns after one check. Replaces a shared-memory bitonic sort
 // (one barrier per stage) that cost ~45 us per request on the H200 (2%-miss, batch 1).
-__device__ void sort_4096(unsigned long long* keys) {
+__device__ void sort_registers(unsigned long long* keys) {
     const int t = threadIdx.x;
     unsigned long long v[4];
 #pragma unroll

@@ -131,16 +131,17 @@ def run_k8(args: dict, rec: dict, st: State, host, pool, item: int, k: int, flus
 
 
 def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k: int) -> None:
-    """Lookup with 1 and 2 blocks per SM (DHISPARSE_LOOKUP_BLOCKS) at batch 32 and 160, plus
-    launch 1 alone. Calls take windows after the main cases' (never read by them; batch 160
-    re-reads batch 32's rows of its first 32 requests)."""
+    """Lookup shapes (DHISPARSE_LOOKUP_BLOCKS: one or two 1024-thread blocks per SM, two
+    512-thread ones) at batch 32 and 160, plus launch 1 alone. Calls take windows after the
+    main cases' (never read by them; batch 160 re-reads batch 32's rows of its first 32
+    requests)."""
     flush = Flusher(pool.device)
     calls = 1 + args["warmup"] + args["reps"] + args["wall_reps"]
     out = []
     for bs in (b for b in (32, 160) if b <= st.P):
         for prof in ("hit100", "miss2", "miss20"):
             m, off = missed_rows(prof, k), calls
-            for blocks in ("1", "2"):
+            for blocks in ("1", "2", "2x512"):
                 n = args["warmup"] + args["reps"]
                 if off + 2 * n > st.windows(k, m, False):
                     continue
@@ -160,13 +161,13 @@ def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k:
                 r = {
                     "batch": bs,
                     "profile": prof,
-                    "lookup_blocks_per_sm": int(blocks),
+                    "lookup_blocks": blocks,
                     "ok": ok,
                     **us,
                 }
                 out.append(r)
                 print(
-                    f"blocks/SM={blocks} bs={bs:3d} {prof:6s} us={r['us']:7.1f} "
+                    f"lookup={blocks:5s} bs={bs:3d} {prof:6s} us={r['us']:7.1f} "
                     f"lookup_us={r['lookup_us']:7.1f} ok={ok}",
                     flush=True,
                 )

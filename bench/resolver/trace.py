@@ -75,7 +75,7 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
     from bench.resolver.case import Case
     from bench.resolver.pool import State, alloc_host, fill_random, missed_rows
     from kernels._loader import module
-    from kernels.resolver import defines
+    from kernels.resolver import defines, lookup_variant
 
     assert defines() == ("-DRESOLVER_TRACE",)
     P, S, item, k, B = 160, 100_000, 656, 2048, 4096
@@ -83,11 +83,16 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
     fill_random(host, dev)
     st = State(P, S, B, dev)
     pool = torch.empty(st.pool_rows, item, dtype=torch.uint8, device=dev)
-    mod = module("resolver", dev.index or 0, defines())
     import cupy
 
-    g_trace = cupy.ndarray((32,), dtype=np.uint64, memptr=mod.get_global("g_trace"))
-    g_block = cupy.ndarray((1,), dtype=np.int32, memptr=mod.get_global("g_trace_block"))
+    def globals_of(flags: tuple[str, ...]) -> tuple:  # (g_trace, g_trace_block) of a module
+        mod = module("resolver", dev.index or 0, flags)
+        return (cupy.ndarray((32,), dtype=np.uint64, memptr=mod.get_global("g_trace")),
+                cupy.ndarray((1,), dtype=np.int32, memptr=mod.get_global("g_trace_block")))
+
+    # the commit's stamps (slots 16..23) land in the default module; a lookup built apart
+    # (512 threads, lookup_variant) stamps its slots in its own module's g_trace
+    g_trace, g_block = globals_of(defines())
     flush = Flusher(dev)
     rows = []
     for bs, prof in ((1, "hit100"), (32, "hit100"), (160, "hit100"), (1, "miss2"), (32, "miss2"),
@@ -110,15 +115,17 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
         commit = time_gpu(lambda i, c=case, n=n: c.commit(i + 2 * (n + 3)), n, 3,
                           before=prep, flush=flush)
         phases = []
+        l_trace, l_block = globals_of(lookup_variant(bs, dev.index or 0)[1])
         for blk in (0, bs - 1):  # first and last request's block
-            g_block[0] = blk
-            g_trace[:] = 0
+            for g, b in ((g_trace, g_block), (l_trace, l_block)):
+                b[0] = blk
+                g[:] = 0
             case.before(calls)
             flush()
             torch.cuda._sleep(1_000_000)
             case.call(calls)
             torch.cuda.synchronize()
-            t = [int(x) for x in g_trace.get()]
+            t = [int(a) | int(b) for a, b in zip(g_trace.get(), l_trace.get(), strict=True)]
             t0 = t[0]
 
             def rel(slot: int, t=t, t0=t0) -> float | None:

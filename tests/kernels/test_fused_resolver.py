@@ -180,13 +180,13 @@ CASES = [  # batch, K, k, hot slots, staging rows, row bytes
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
 @pytest.mark.parametrize(
     "select,blocks", [("radix", "auto"), ("sort", "auto"), ("radix", "2"), ("radix", "1"),
-                      ("radix_match", "auto")]
+                      ("radix_match", "auto"), ("radix", "2x512"), ("sort", "2x512")]
 )
 def test_fused_resolver_matches_reference(
     case: tuple, select: str, blocks: str, monkeypatch
 ) -> None:
     monkeypatch.setenv("DHISPARSE_VICTIM_SELECT", select)
-    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", blocks)  # both variants, "2" explicitly
+    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", blocks)  # every shape explicitly
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)  # fresh inputs every run; printed on failure
     h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)

@@ -95,13 +95,16 @@ def test_compile_variants_follow_the_environment(monkeypatch) -> None:
 
 
 
-def test_lookup_blocks_default_to_one_per_sm(monkeypatch) -> None:
+def test_lookup_shape_is_one_block_per_sm_up_to_the_sm_count_then_two_of_512(monkeypatch) -> None:
     from kernels import resolver as kres
 
     monkeypatch.delenv("DHISPARSE_LOOKUP_BLOCKS", raising=False)
-    assert kres.lookup_blocks() == 1
-    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", "2")
-    assert kres.lookup_blocks() == 2
+    assert kres.lookup_shape(1, 132) == (1024, 1)
+    assert kres.lookup_shape(132, 132) == (1024, 1)
+    assert kres.lookup_shape(133, 132) == (512, 2)
+    for value, shape in (("1", (1024, 1)), ("2", (1024, 2)), ("2x512", (512, 2))):
+        monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", value)
+        assert kres.lookup_shape(1, 132) == kres.lookup_shape(160, 132) == shape
     monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", "3")
     with pytest.raises(InvalidArgument, match="DHISPARSE_LOOKUP_BLOCKS='3' must be one of"):
-        kres.lookup_blocks()
+        kres.lookup_shape(1, 132)
