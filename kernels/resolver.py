@@ -40,9 +40,10 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
     lookup_shape,
 )
 
-T_COLS, S_COLS, TOT_COLS = 10, 10, 9  # table / summary / totals columns (resolver_common.cuh enums)
+T_COLS, S_COLS, TOT_COLS = 10, 10, 15  # table / summary / totals columns (resolver_common.cuh)
 S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
+R_PEND = 9  # 2 x (copies, staged, status) pending on the sync-free path, by parity
 ST_SELECTION, ST_NOT_RESIDENT, ST_STAGING = 1 | 2 | 4 | 16, 8, 32
 LOOKUP_THREADS, COMMIT_THREADS = 1024, 512
 # resolver_sort.cuh at 1024 threads: B <= 4096 sorts in registers; larger B in shared memory
@@ -69,7 +70,8 @@ def bitmap_words(rows_bound: int) -> int:
 class Workspace:
     """Scratch of the two launches, reused call after call on one stream.
 
-    totals[R_TICKET] must start at 0; the last lookup block resets it.
+    totals[R_TICKET] and the R_PEND slots must start at 0 (``new`` zeroes them); the last
+    lookup block resets the ticket, each sync-free commit the next call's slots.
     """
 
     miss_dst: torch.Tensor  # int64 [batch, K*k]  each miss's destination pool row (commit)
@@ -80,6 +82,9 @@ class Workspace:
     totals: torch.Tensor  # int64 [TOT_COLS + 2 * (batch + 1)]
     # set by lookup: the commit sums the summaries into totals (lookup(host_totals=False))
     commit_sums: bool = False
+    # set by lookup(host_totals=False), flipped call by call: the R_PEND slots of this call
+    # (resolver_common.cuh); the commit clears the other parity's for the next call
+    parity: int = 0
 
     @staticmethod
     def new(batch: int, entries: int, slots: int, device: torch.device) -> Workspace:
@@ -146,7 +151,10 @@ def lookup(
     host_totals: the last lookup block sums the batch into ``ws.totals`` (offsets, status,
     counts) for the host to read before ``commit``. False on the sync-free path: no ticket
     and no last block here; the ``commit`` launch sums the summaries itself (every block
-    for its own offsets, block 0 into ``ws.totals``), which shortens the chain of the call.
+    for its own offsets, the last block into ``ws.totals``), which shortens the chain of the
+    call; the lookup blocks also add their pending copies, staged rows and status to the
+    slots of ``ws.parity`` (flipped here), so that a commit with nothing pending leaves the
+    sums to one block.
 
     select: how victims are ordered, "radix" (radix select of the nv oldest, nv <= 1024;
     "radix_match" counts its bins with warp-aggregated atomics) or "sort" (bitonic sort of
@@ -186,8 +194,11 @@ def lookup(
         np.int64(finished_epoch),
         np.int32(VICTIM_SELECT[select]),
         np.int32(bool(host_totals)),
+        np.int32(ws.parity ^ (not host_totals)),
     )
     launch(fn, (batch,), (threads,), args, shared)
+    if not host_totals:
+        ws.parity ^= 1
     ws.commit_sums = not host_totals
 
 
@@ -337,7 +348,8 @@ def commit(
         parts = default_commit_parts()
     check_limit("parts", parts, MAX_COMMIT_PARTS)
     parts = parts or commit_parts_rule(batch, sm_count(dev))
-    args += (np.int32(copy_blocks), np.int32(ws.commit_sums), np.int32(parts))
+    args += (np.int32(copy_blocks), np.int32(ws.commit_sums), np.int32(parts),
+             np.int32(ws.parity))
     copies = copy_blocks or launched_copy_blocks(batch * parts, sm_count(dev))
     grid = batch * parts + (copies if layers else 0)
     if dependent:

@@ -55,8 +55,16 @@ enum { T_HOT_ROWS, T_HOT_STAMP, T_HOT_PROTECT, T_HOT_LOCS, T_TAIL_LOCS, T_PAGE_M
 #define HOT_SLOT_MASK 0xFFFFFll
 // summary columns (int64 [batch, SCOLS])
 enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT, SCOLS };
-// totals (int64 [TOT_COLS + 2 * (batch + 1)]): then copy offsets [batch+1], stage offsets [batch+1]
-enum { R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT, R_TICKET, TOT_COLS };
+// totals (int64 [TOT_COLS + 2 * (batch + 1)]): then copy offsets [batch+1], stage offsets [batch+1].
+// R_PEND + 3 p + {P_COPIES, P_STAGED, P_STATUS}: on the sync-free path (sums = 0) every
+// lookup block adds its misses, its staged rows and ORs its status into the slots of parity
+// p (the host alternates it call by call); the commit reads them once, and when all three
+// are 0 (no copies, nothing staged, good input) no block but one sums the batch; that block
+// also clears parity p ^ 1 for the next call. A slot left dirty (a lookup without its
+// commit) only sends a call down the summing path.
+enum { R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT, R_TICKET, R_PEND,
+       TOT_COLS = R_PEND + 6 };
+enum { P_COPIES, P_STAGED, P_STATUS };
 // status bits
 enum { ST_SEL_LT_M1 = 1, ST_VISIBLE = 2, ST_SEL_GE_VISIBLE = 4, ST_NOT_RESIDENT = 8, ST_ROW_RANGE = 16,
        ST_STAGING = 32 };
@@ -170,7 +178,8 @@ __device__ __forceinline__ void block_add(unsigned* dst, unsigned v) {
 // The batch sums over the per-request summaries, by one block: the lookup's last block (the
 // drop-in path: write_totals, no shared outputs) or every block of the commit launch (the
 // sync-free path: each sums for its own s_off / s_soff [0, batch] -- exclusive copy and
-// staging offsets -- and *ok, status 0 and staging fits; block 0 also writes the totals).
+// staging offsets -- and *ok, status 0 and staging fits; the last block also writes the totals;
+// with nothing pending (R_PEND) the other blocks skip it).
 // write_totals: totals and the offsets after them, status | ST_STAGING when the staged rows
 // exceed n_stage_locs. A batch of <= 32 is summed by one warp (shuffles, one barrier); up to
 // MAXB by the block, 2 requests per thread (blockDim.x >= MAXB / 2). Ends with a barrier;

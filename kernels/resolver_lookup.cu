@@ -109,7 +109,7 @@ __device__ __forceinline__ void lookup_body(
     i64* __restrict__ locs, i64* __restrict__ miss_dst, i64* __restrict__ misses,
     i32* __restrict__ victims, i32* __restrict__ hit_mask, i64* __restrict__ summary,
     i64* __restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,
-    i64 finished_epoch, int select_mode, int sums) {
+    i64 finished_epoch, int select_mode, int sums, int parity) {
     (void)miss_dst;  // the commit's scratch (both launches take the workspace's pointers)
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
@@ -348,6 +348,12 @@ __device__ __forceinline__ void lookup_body(
         sm[S_HOT] = (i64)cnt[2];
         sm[S_HOST] = (i64)cnt[3];
         sm[S_DIRECT] = u == 0;
+        if (!sums) {  // the batch's pending work, for the commit's no-copy shortcut
+            unsigned long long* pend = reinterpret_cast<unsigned long long*>(totals + R_PEND + 3 * parity);
+            if (m) atomicAdd(pend + P_COPIES, (unsigned long long)m);
+            if (m > nv) atomicAdd(pend + P_STAGED, (unsigned long long)(m - nv));
+            if (cnt[6]) atomicOr(pend + P_STATUS, (unsigned long long)cnt[6]);
+        }
         if (sums) {
             __threadfence();
             const unsigned long long t = atomicAdd(reinterpret_cast<unsigned long long*>(&totals[R_TICKET]), 1ull);
@@ -375,9 +381,9 @@ __device__ __forceinline__ void lookup_body(
         i64 *__restrict__ locs, i64 *__restrict__ miss_dst, i64 *__restrict__ misses,                       \
         i32 *__restrict__ victims, i32 *__restrict__ hit_mask, i64 *__restrict__ summary,                  \
         i64 *__restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,             \
-        i64 finished_epoch, int select_mode, int sums
+        i64 finished_epoch, int select_mode, int sums, int parity
 #define LOOKUP_PASS table, sel, visible, locs, miss_dst, misses, victims, hit_mask, summary, totals, batch, K, \
-                    k, B, Bp, T, p, W, finished_epoch, select_mode, sums
+                    k, B, Bp, T, p, W, finished_epoch, select_mode, sums, parity
 // One block per SM (64 registers, 4 loads in flight per thread) ...
 extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) { lookup_body<4>(LOOKUP_PASS); }
 // ... or two: a batch above the SM count in one wave. At NT = 1024 that leaves 32 registers

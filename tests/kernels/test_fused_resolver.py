@@ -371,7 +371,9 @@ def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monke
                         hot_slots=g.hot_slots, host_ptrs=host, payloads=pay,
                         row_bytes=row_bytes, dependent=True)
             torch.cuda.synchronize()
-            totals = ws.totals[: kres.TOT_COLS + 2 * (batch + 1)].cpu()
+            # the pending slots (R_PEND) are the sync-free path's own
+            totals = torch.cat([ws.totals[: kres.R_PEND],
+                                ws.totals[kres.TOT_COLS: kres.TOT_COLS + 2 * (batch + 1)]]).cpu()
             outs.append((locs.cpu(), totals, [t.cpu() for t in (out.batch, out.rows, out.dst,
                                                               out.staged_rows)], snapshot(h)))
         for other in outs[1:]:
