@@ -4,7 +4,8 @@
 
 1. Floors, timed exactly like the benchmark (L2 flush, GPU spin, CUDA events): one and two
    empty launches, and one thread chasing n dependent pointers through a buffer the flush
-   evicted, within one 2 MB page and one page per hop (address translation misses).
+   evicted, within one 2 MB page and one page per hop (address translation misses); the
+   lookup's random index reads alone (2048 rows of each request's index, P requests).
 2. The resolver built with ``DHISPARSE_RESOLVER_TRACE=1``: %globaltimer stamps at the phase
    boundaries of one lookup block, the last lookup block and one commit block (slots of
    resolver_common.cuh's ``TRACE``), on the benchmark's cases (hit100 / miss2 / miss20 /
@@ -29,6 +30,19 @@ extern "C" __global__ void chase(const long long* buf, int n, long long* out) {
     long long at = 0;
     for (int i = 0; i < n; ++i) at = buf[at];
     *out = at;
+}
+// thread i reads buf[idx[i]] (idx read coalesced), like the lookup's hot_index loads; the
+// xor of what one thread read goes out so nothing is elided (out[i] < n)
+template <typename T>
+__device__ void gather_body(const T* buf, const long long* idx, int n, long long* out) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = (long long)buf[idx[i]];
+}
+extern "C" __global__ void gather8(const long long* b, const long long* x, int n, long long* o) {
+    gather_body(b, x, n, o);
+}
+extern "C" __global__ void gather4(const int* b, const long long* x, int n, long long* o) {
+    gather_body(b, x, n, o);
 }
 """
 
@@ -66,6 +80,24 @@ def floors(dev: torch.device, reps: int) -> dict[str, float]:
         for n in (1, 4, 16):
             res[f"chase_{n}_{label}_us"] = med(
                 lambda n=n: launch(chase, (1,), (1,), (ptr(buf), np.int32(n), ptr(out))))
+    # the lookup's hot_index reads alone: 2048 random rows of each of P requests' 100K-row
+    # index (int64 [160, 100000] = 128 MB, as the benchmark's), in selection order or sorted
+    # within the request, and the same from an int32 index
+    rows, k = 100_000, 2048
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for P in (32, 132, 160):
+        pick = torch.rand(P, rows, generator=gen, device=dev).argsort(1)[:, :k]
+        pick = pick + torch.arange(P, device=dev)[:, None] * rows
+        got = torch.empty(P * k, dtype=torch.int64, device=dev)
+        for order, idx in (("shuffled", pick), ("sorted", pick.sort(1).values)):
+            idx = idx.flatten().contiguous()
+            for name, fn, b in (("int64", "gather8", buf),
+                                ("int32", "gather4", buf.view(torch.int32))):
+                args = (ptr(b), ptr(idx), np.int32(P * k), ptr(got))
+                grid = (-(-P * k // 1024),)
+                res[f"gather_{P}x{k}_{order}_{name}_us"] = med(
+                    lambda g=mod.get_function(fn), grid=grid, args=args: launch(
+                        g, grid, (1024,), args))
     return res
 
 
