@@ -173,7 +173,7 @@ def lookup(
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
     shared = lookup_shared_bytes(words, pow2)
     dev = selections.device.index
-    func, flags, threads = lookup_variant(batch, dev)
+    func, flags, threads = lookup_variant()
     fn = kernel("resolver", func, dev, True, flags)
     cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
     check_limit("shared bytes (24 * ceil(rows_bound / 128) + 8.125 * pow2(B))", shared, cap)
@@ -205,11 +205,11 @@ def lookup(
 INT32_MAX = 2**31 - 1
 
 
-def lookup_variant(batch: int, device: int) -> tuple[str, tuple[str, ...], int]:
-    """The lookup kernel a batch runs (``lookup_shape``): its name, the compile flags of its
-    module (a 512-thread build is a module of its own: a phase trace reads that module's
-    ``g_trace``) and its threads per block."""
-    threads, per_sm = lookup_shape(batch, sm_count(device))
+def lookup_variant() -> tuple[str, tuple[str, ...], int]:
+    """The lookup kernel ``lookup_shape`` picks: its name, the compile flags of its module (a
+    512-thread build is a module of its own: a phase trace reads that module's ``g_trace``)
+    and its threads per block."""
+    threads, per_sm = lookup_shape()
     flags = defines() + (() if threads == LOOKUP_THREADS else (f"-DNT={threads}",))
     return ("resolve_lookup_2" if per_sm == 2 else "resolve_lookup"), flags, threads
 

@@ -49,23 +49,29 @@ def defines() -> tuple[str, ...]:
 LOOKUP_SHAPES = {"1": (1024, 1), "2": (1024, 2), "2x512": (512, 2)}  # threads, blocks per SM
 
 
-def lookup_shape(batch: int, sms: int) -> tuple[int, int]:
-    """Lookup threads per block and blocks per SM: ``DHISPARSE_LOOKUP_BLOCKS`` = 1 (1024
-    threads, one block per SM), 2 (1024 threads, two per SM: 32 registers, 2 loads in flight
-    per thread; since hits are found by ``hot_index`` it spills 304 bytes and was slower in
-    the same call at batch 160: H200, 2d628dc, 656 B, top_k 2048, no misses 32.6 vs 33.4 us,
-    2% 224 vs 231, 20% 1466 vs 1566), 2x512 (512 threads, two per SM, 64 registers and 4
-    loads in flight: a batch up to twice the SM count in one wave, each block with the
-    loads in flight of a 1024-thread one) or auto: 2x512 when the batch exceeds the SM
-    count, else 1. Same results every way."""
+def lookup_shape() -> tuple[int, int]:
+    """Lookup threads per block and blocks per SM, ``DHISPARSE_LOOKUP_BLOCKS``:
+
+    - 1 (the default, auto): 1024 threads, one block per SM, 64 registers, 4 loads in flight
+      per thread. A batch above the SM count runs in two waves.
+    - 2: 1024 threads, two per SM: 32 registers, 2 loads in flight. Since hits are found by
+      ``hot_index`` it spills 304 bytes and was slower at batch 160 in the same call (H200,
+      f238ac9, 656 B, top_k 2048, against 1: no misses 31.1 vs 30.2 us, 2% 233.1 vs 227.2,
+      20% 1559.8 vs 1479.2).
+    - 2x512: 512 threads, two per SM, 64 registers and 4 loads in flight: a batch up to
+      twice the SM count in one wave, each block with the loads of a 1024-thread one in
+      flight. Faster without misses above the SM count (batch 160: 28.0 vs 30.2 us, 2%:
+      225.0 vs 227.2) but slower where the copies dominate (20%: 1539.0 vs 1479.2; cold
+      4941 vs 4725 us, 1152 B 7828 vs 7574; with 16 copy blocks 5634 vs 4621: the copy
+      blocks land on other SMs behind it), so not the default.
+
+    Same results every way."""
     value = os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto")
     if value != "auto" and value not in LOOKUP_SHAPES:
         raise InvalidArgument(
             f"DHISPARSE_LOOKUP_BLOCKS={value!r} must be one of {('auto', *LOOKUP_SHAPES)}"
         )
-    if value == "auto":
-        value = "2x512" if batch > sms else "1"
-    return LOOKUP_SHAPES[value]
+    return LOOKUP_SHAPES["1" if value == "auto" else value]
 
 
 def _count(var: str, limit: int) -> int:

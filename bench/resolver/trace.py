@@ -147,7 +147,7 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
         commit = time_gpu(lambda i, c=case, n=n: c.commit(i + 2 * (n + 3)), n, 3,
                           before=prep, flush=flush)
         phases = []
-        l_trace, l_block = globals_of(lookup_variant(bs, dev.index or 0)[1])
+        l_trace, l_block = globals_of(lookup_variant()[1])
         for blk in (0, bs - 1):  # first and last request's block
             for g, b in ((g_trace, g_block), (l_trace, l_block)):
                 b[0] = blk
