@@ -326,69 +326,6 @@ def test_commit_copies_layers_like_apply_copies(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
-def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monkeypatch) -> None:
-    """lookup, then commit + the miss copies of every layer, back to back on the stream with
-    no host read between (the sync-free path): the commit launched with PDL, and the batch
-    summed by the commit launch instead of the lookup's last block (host_totals=False), each
-    against plain launches with the lookup's sums: same locations, totals (offsets, status,
-    counts; a staging overflow included), copy list, hot-cache state and bytes."""
-    from kernels import dropin
-    from kernels import resolver as kres
-
-    batch, k_queries, k, hot, staging, row_bytes = case
-    seed = random.randrange(1 << 30)
-    pairs = [make_pair(seed, batch, k_queries, hot, staging, row_bytes) for _ in range(2)]
-    sides = [(pairs[0][0], "0", True), (pairs[0][1], "1", True), (pairs[1][0], "1", False),
-             (pairs[1][1], "0", False)]  # harness, DHISPARSE_PDL, host_totals
-    rids = pairs[0][2]
-    gen = torch.Generator().manual_seed(seed)
-    launched, dependent = [], []
-    real = kres.launch_dependent
-    monkeypatch.setattr(kres, "launch_dependent", lambda *a: dependent.append(real(*a)))
-    for hit_frac in (0.0, 0.8, 1.0, 0.3):
-        sel = selections(sides[0][0], rids, k_queries, k, hit_frac, gen)
-        outs = []
-        for h, pdl, host_totals in sides:
-            monkeypatch.setenv("DHISPARSE_PDL", pdl)
-            g, n = h.group, sel.numel()
-            ws = kres.Workspace.new(batch, k_queries * k, g.hot_slots, g.device)
-            ws.totals.fill_(0)
-            table = dropin.request_table(g, [g.request(r) for r in rids])
-            host, pay = dropin._copy_pointers(g, rids, range(g.spec.payload_layers))
-            stage = torch.tensor(sorted(g.staging.free_locs), dtype=torch.int64, device=g.device)
-            out = kres.CopyList(*(torch.full((n,), -5, dtype=torch.int64, device=g.device)
-                                  for _ in range(4)))
-            locs = torch.full_like(sel, -7)
-            vis = h.causal_bounds(rids, k_queries)
-            torch.cuda.synchronize()
-            kres.lookup(ws, table, sel, vis, locs, hot_slots=g.hot_slots,
-                        tail_rows=g.config.tail_rows, page_rows=g.config.page_rows,
-                        rows_bound=max(g.request(r).tail_lo for r in rids),
-                        finished_epoch=g.finished_epoch, host_totals=host_totals)
-            assert ws.commit_sums is not host_totals
-            kres.commit(ws, table, sel, locs, stage, out, epoch=g.clock + 1,
-                        hot_slots=g.hot_slots, host_ptrs=host, payloads=pay,
-                        row_bytes=row_bytes, dependent=True)
-            torch.cuda.synchronize()
-            # the pending slots (R_PEND) are the sync-free path's own
-            totals = torch.cat([ws.totals[: kres.R_PEND],
-                                ws.totals[kres.TOT_COLS: kres.TOT_COLS + 2 * (batch + 1)]]).cpu()
-            outs.append((locs.cpu(), totals, [t.cpu() for t in (out.batch, out.rows, out.dst,
-                                                              out.staged_rows)], snapshot(h)))
-        for other in outs[1:]:
-            assert torch.equal(outs[0][0], other[0])
-            assert torch.equal(outs[0][1], other[1]), (outs[0][1], other[1])
-            for x, y in zip(outs[0][2], other[2], strict=True):
-                assert torch.equal(x, y)
-            assert_same(outs[0][3], other[3])
-        launched.append(int(outs[0][1][kres.R_COPIES]))
-    assert any(launched)  # copies ran
-    # DHISPARSE_PDL=0 plain, =1 by cuLaunchKernelEx
-    assert dependent == [False, True, True, False] * 4
-
-
-@pytest.mark.gpu
 def test_identical_queries_copy_each_row_once() -> None:
     h_ref, h_k, rids = make_pair(7, 4, 8, 64, 1024, 656)
     gen = torch.Generator().manual_seed(7)

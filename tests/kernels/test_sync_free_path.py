@@ -1,0 +1,137 @@
+"""The sync-free path: lookup, then the commit with the miss copies of every layer, back to
+back on the stream with no host read between, the commit summing the batch itself
+(``lookup(host_totals=False)``) and launched with PDL. Checked against plain launches with
+the lookup's own sums on a twin group: same locations, totals (offsets, status, counts), copy
+list, hot-cache state and bytes.
+
+Its pending slots (resolver_common.cuh R_PEND): every lookup block adds its misses, staged
+rows and status to the slots of the call's parity, and a commit that finds them all 0 leaves
+the batch sums to its last block; one workspace serves round after round, with stray
+lookups (no commit) leaving slots dirty between them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tests.hierarchy.harness import Harness, assert_same, snapshot
+from tests.kernels.test_fused_resolver import CASES, make_pair, selections
+
+
+def sync_free_round(h: Harness, ws, rids: list[str], sel: torch.Tensor, host_totals: bool,
+                    *, commit: bool = True) -> dict:
+    """One round of the two launches on ``h`` (a fresh workspace when ``ws`` is None):
+    ``host_totals`` picks the lookup's own sums (plain) or the commit's (sync-free). Returns
+    the workspace and, after a commit, what both ways must agree on plus the values of the
+    pending slots that commit read."""
+    from kernels import dropin
+    from kernels import resolver as kres
+
+    g, n, (batch, k_queries, k) = h.group, sel.numel(), sel.shape
+    if ws is None:
+        ws = kres.Workspace.new(batch, k_queries * k, g.hot_slots, g.device)
+    table = dropin.request_table(g, [g.request(r) for r in rids])
+    host, pay = dropin._copy_pointers(g, rids, range(g.spec.payload_layers))
+    stage = torch.tensor(sorted(g.staging.free_locs), dtype=torch.int64, device=g.device)
+    out = kres.CopyList(*(torch.full((n,), -5, dtype=torch.int64, device=g.device)
+                          for _ in range(4)))
+    locs = torch.full_like(sel, -7)
+    vis = h.causal_bounds(rids, k_queries)
+    torch.cuda.synchronize()
+    kres.lookup(ws, table, sel, vis, locs, hot_slots=g.hot_slots,
+                tail_rows=g.config.tail_rows, page_rows=g.config.page_rows,
+                rows_bound=max(g.request(r).tail_lo for r in rids),
+                finished_epoch=g.finished_epoch, host_totals=host_totals)
+    assert ws.commit_sums is not host_totals
+    if not commit:
+        torch.cuda.synchronize()
+        return {"ws": ws}
+    kres.commit(ws, table, sel, locs, stage, out, epoch=g.clock + 1, hot_slots=g.hot_slots,
+                host_ptrs=host, payloads=pay, row_bytes=g.spec.row_bytes, dependent=True)
+    torch.cuda.synchronize()
+    p = kres.R_PEND + 3 * ws.parity
+    return {
+        "ws": ws,
+        "locs": locs.cpu(),
+        # the pending slots are the sync-free path's own
+        "totals": torch.cat([ws.totals[: kres.R_PEND],
+                             ws.totals[kres.TOT_COLS: kres.TOT_COLS + 2 * (batch + 1)]]).cpu(),
+        "copies": [t.cpu() for t in (out.batch, out.rows, out.dst, out.staged_rows)],
+        "pending": int(ws.totals[p: p + 3].abs().sum()),
+    }
+
+
+def assert_rounds_agree(want: dict, got: dict, *context) -> None:
+    assert torch.equal(want["locs"], got["locs"]), context
+    assert torch.equal(want["totals"], got["totals"]), (*context, want["totals"], got["totals"])
+    for x, y in zip(want["copies"], got["copies"], strict=True):
+        assert torch.equal(x, y), context
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
+def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monkeypatch) -> None:
+    """The commit launched with PDL or plainly, the batch summed by the lookup's last block or
+    by the commit launch, every way alike (a staging overflow included)."""
+    from kernels import resolver as kres
+
+    batch, k_queries, k, hot, staging, row_bytes = case
+    seed = random.randrange(1 << 30)
+    pairs = [make_pair(seed, batch, k_queries, hot, staging, row_bytes) for _ in range(2)]
+    sides = [(pairs[0][0], "0", True), (pairs[0][1], "1", True), (pairs[1][0], "1", False),
+             (pairs[1][1], "0", False)]  # harness, DHISPARSE_PDL, host_totals
+    rids = pairs[0][2]
+    gen = torch.Generator().manual_seed(seed)
+    launched, dependent = [], []
+    real = kres.launch_dependent
+    monkeypatch.setattr(kres, "launch_dependent", lambda *a: dependent.append(real(*a)))
+    for hit_frac in (0.0, 0.8, 1.0, 0.3):
+        sel = selections(sides[0][0], rids, k_queries, k, hit_frac, gen)
+        outs = []
+        for h, pdl, host_totals in sides:
+            monkeypatch.setenv("DHISPARSE_PDL", pdl)
+            outs.append((sync_free_round(h, None, rids, sel, host_totals), snapshot(h)))
+        for other in outs[1:]:
+            assert_rounds_agree(outs[0][0], other[0], seed, hit_frac)
+            assert_same(outs[0][1], other[1])
+        launched.append(int(outs[0][0]["totals"][kres.R_COPIES]))
+    assert any(launched)  # copies ran
+    # DHISPARSE_PDL=0 plain, =1 by cuLaunchKernelEx
+    assert dependent == [False, True, True, False] * 4
+
+
+# batch, K, k, hot slots, staging rows, row bytes: a warp-summed batch (<= 32) and one above
+# the SM count (summed by the whole block)
+PENDING_CASES = [(5, 2, 24, 32, 512, 16), (160, 1, 16, 16, 4096, 12)]
+ROUNDS = (0.0, 1.0, 1.0, 0.5, 1.0, 1.0, 0.0, 1.0)  # hit fractions (1.0: every row held)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PENDING_CASES,
+                         ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
+def test_one_workspace_across_rounds_with_and_without_pending_work(case) -> None:
+    from kernels import resolver as kres
+
+    batch, k_queries, k, hot, staging, row_bytes = case
+    seed = random.randrange(1 << 30)  # printed on failure
+    plain, sync_free, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    gen = torch.Generator().manual_seed(seed)
+    g = sync_free.group
+    ws = kres.Workspace.new(batch, k_queries * k, g.hot_slots, g.device)
+    pending = []
+    for rnd, hit_frac in enumerate(ROUNDS):
+        sel = selections(plain, rids, k_queries, k, hit_frac, gen)
+        want = sync_free_round(plain, None, rids, sel, True)
+        got = sync_free_round(sync_free, ws, rids, sel, False)
+        assert_rounds_agree(want, got, seed, rnd)
+        assert_same(snapshot(plain), snapshot(sync_free))
+        sync_free.check()
+        pending.append(got["pending"])
+        if rnd % 3 == 2:  # a stray lookup with misses: its slots stay dirty (no commit)
+            stray = selections(plain, rids, k_queries, k, 0.0, gen)
+            sync_free_round(sync_free, ws, rids, stray, False, commit=False)
+            assert_same(snapshot(plain), snapshot(sync_free))  # a lookup mutates nothing
+    # both ways were taken: commits with nothing pending, and summing ones
+    assert 0 in pending and any(pending), pending
