@@ -40,10 +40,10 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
     lookup_shape,
 )
 
-T_COLS, S_COLS, TOT_COLS = 10, 10, 15  # table / summary / totals columns (resolver_common.cuh)
+T_COLS, S_COLS, TOT_COLS = 10, 10, 13  # table / summary / totals columns (resolver_common.cuh)
 S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
-R_PEND = 9  # 2 x (copies, staged, status) pending on the sync-free path, by parity
+R_PEND = 9  # 2 x (copies, status) pending on the sync-free path, by parity
 ST_SELECTION, ST_NOT_RESIDENT, ST_STAGING = 1 | 2 | 4 | 16, 8, 32
 LOOKUP_THREADS, COMMIT_THREADS = 1024, 512
 # resolver_sort.cuh at 1024 threads: B <= 4096 sorts in registers; larger B in shared memory
@@ -152,8 +152,8 @@ def lookup(
     counts) for the host to read before ``commit``. False on the sync-free path: no ticket
     and no last block here; the ``commit`` launch sums the summaries itself (every block
     for its own offsets, the last block into ``ws.totals``), which shortens the chain of the
-    call; the lookup blocks also add their pending copies, staged rows and status to the
-    slots of ``ws.parity`` (flipped here), so that a commit with nothing pending leaves the
+    call; the lookup blocks also add their pending copies and status to the slots of
+    ``ws.parity`` (flipped here), so that a commit with nothing pending leaves the
     sums to one block.
 
     select: how victims are ordered, "radix" (radix select of the nv oldest, nv <= 1024;

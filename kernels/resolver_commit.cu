@@ -110,11 +110,9 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         hot_index = ptr<i64>(row, T_HOT_INDEX), tail_hi = row[T_TAIL_HI];
         if (!sums_here) off = copy_off[rb], soff = stage_off[rb];
     }
-    // the lookups' pending copies | staged rows | status of this call (R_PEND, parity)
-    const i64* pend = totals + R_PEND + 3 * parity;
-    const i64 pending = sums_here && threadIdx.x == 0
-                            ? __ldcg(pend + P_COPIES) | __ldcg(pend + P_STAGED) | __ldcg(pend + P_STATUS)
-                            : 0;
+    // the lookups' pending copies | status of this call (R_PEND, parity)
+    const i64* pend = totals + R_PEND + 2 * parity;
+    const i64 pending = sums_here && threadIdx.x == 0 ? __ldcg(pend + P_COPIES) | __ldcg(pend + P_STATUS) : 0;
 #pragma unroll
     for (int q = 0; q < HM_SLOTS; ++q) {
         const int s = s_lo + threadIdx.x + q * blockDim.x;
@@ -136,8 +134,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
             if (commit_block) off = s_off[rb], soff = s_soff[rb];
         }
         if (totals_block && threadIdx.x == 0) {  // the next call's slots (read by no block of this one)
-            i64* next = totals + R_PEND + 3 * (parity ^ 1);
-            next[P_COPIES] = next[P_STAGED] = next[P_STATUS] = 0;
+            i64* next = totals + R_PEND + 2 * (parity ^ 1);
+            next[P_COPIES] = next[P_STATUS] = 0;
         }
     } else {
         if (threadIdx.x == 0) {

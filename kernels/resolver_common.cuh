@@ -39,6 +39,7 @@ typedef unsigned short u16;
 #define NT 1024  // lookup of two 512-thread blocks per SM (kernels/resolver_settings.py lookup_shape)
 #endif
 #define MAXB 1024  // batch limit (shared offsets of the copy blocks)
+static_assert(NT % 32 == 0 && NT >= MAXB / 2, "sum_batch takes 2 requests per thread, whole warps");
 
 template <int W> struct Vec;
 template <> struct Vec<16> { using T = uint4; };
@@ -56,15 +57,15 @@ enum { T_HOT_ROWS, T_HOT_STAMP, T_HOT_PROTECT, T_HOT_LOCS, T_TAIL_LOCS, T_PAGE_M
 // summary columns (int64 [batch, SCOLS])
 enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT, SCOLS };
 // totals (int64 [TOT_COLS + 2 * (batch + 1)]): then copy offsets [batch+1], stage offsets [batch+1].
-// R_PEND + 3 p + {P_COPIES, P_STAGED, P_STATUS}: on the sync-free path (sums = 0) every
-// lookup block adds its misses, its staged rows and ORs its status into the slots of parity
-// p (the host alternates it call by call); the commit reads them once, and when all three
-// are 0 (no copies, nothing staged, good input) no block but one sums the batch; that block
-// also clears parity p ^ 1 for the next call. A slot left dirty (a lookup without its
-// commit) only sends a call down the summing path.
+// R_PEND + 2 p + {P_COPIES, P_STATUS}: on the sync-free path (sums = 0) every lookup block
+// adds its misses and ORs its status into the slots of parity p (the host alternates it call
+// by call); the commit reads them once, and when both are 0 (no copies, hence nothing staged,
+// and good input) no block but one sums the batch; that block also clears parity p ^ 1 for
+// the next call. A slot left dirty (a lookup without its commit) only sends a call down the
+// summing path.
 enum { R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT, R_TICKET, R_PEND,
-       TOT_COLS = R_PEND + 6 };
-enum { P_COPIES, P_STAGED, P_STATUS };
+       TOT_COLS = R_PEND + 4 };
+enum { P_COPIES, P_STATUS };
 // status bits
 enum { ST_SEL_LT_M1 = 1, ST_VISIBLE = 2, ST_SEL_GE_VISIBLE = 4, ST_NOT_RESIDENT = 8, ST_ROW_RANGE = 16,
        ST_STAGING = 32 };

@@ -349,9 +349,8 @@ __device__ __forceinline__ void lookup_body(
         sm[S_HOST] = (i64)cnt[3];
         sm[S_DIRECT] = u == 0;
         if (!sums) {  // the batch's pending work, for the commit's no-copy shortcut
-            unsigned long long* pend = reinterpret_cast<unsigned long long*>(totals + R_PEND + 3 * parity);
-            if (m) atomicAdd(pend + P_COPIES, (unsigned long long)m);
-            if (m > nv) atomicAdd(pend + P_STAGED, (unsigned long long)(m - nv));
+            unsigned long long* pend = reinterpret_cast<unsigned long long*>(totals + R_PEND + 2 * parity);
+            if (m) atomicAdd(pend + P_COPIES, (unsigned long long)m);  // staged rows are misses
             if (cnt[6]) atomicOr(pend + P_STATUS, (unsigned long long)cnt[6]);
         }
         if (sums) {

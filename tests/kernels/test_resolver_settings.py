@@ -98,7 +98,9 @@ def test_compile_variants_follow_the_environment(monkeypatch) -> None:
 def test_lookup_shape_defaults_to_one_block_per_sm(monkeypatch) -> None:
     from kernels import resolver as kres
 
-    monkeypatch.delenv("DHISPARSE_LOOKUP_BLOCKS", raising=False)
+    for var in ("DHISPARSE_LOOKUP_BLOCKS", "DHISPARSE_RESOLVER_TRACE",
+                "DHISPARSE_RESOLVER_LINEINFO"):
+        monkeypatch.delenv(var, raising=False)
     assert kres.lookup_shape() == (1024, 1)
     assert kres.lookup_variant() == ("resolve_lookup", (), 1024)
     for value, shape in (("1", (1024, 1)), ("2", (1024, 2)), ("2x512", (512, 2))):

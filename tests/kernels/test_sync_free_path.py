@@ -4,10 +4,11 @@ back on the stream with no host read between, the commit summing the batch itsel
 the lookup's own sums on a twin group: same locations, totals (offsets, status, counts), copy
 list, hot-cache state and bytes.
 
-Its pending slots (resolver_common.cuh R_PEND): every lookup block adds its misses, staged
-rows and status to the slots of the call's parity, and a commit that finds them all 0 leaves
-the batch sums to its last block; one workspace serves round after round, with stray
-lookups (no commit) leaving slots dirty between them."""
+Its pending slots (resolver_common.cuh R_PEND): every lookup block adds its misses and
+status to the slots of the call's parity, and a commit that finds both 0 leaves the batch
+sums to its last block; one workspace serves round after round (misses, none, bad input),
+with stray lookups (no commit) leaving slots dirty between them, under either lookup
+shape."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def sync_free_round(h: Harness, ws, rids: list[str], sel: torch.Tensor, host_tot
     kres.commit(ws, table, sel, locs, stage, out, epoch=g.clock + 1, hot_slots=g.hot_slots,
                 host_ptrs=host, payloads=pay, row_bytes=g.spec.row_bytes, dependent=True)
     torch.cuda.synchronize()
-    p = kres.R_PEND + 3 * ws.parity
+    p = kres.R_PEND + 2 * ws.parity
     return {
         "ws": ws,
         "locs": locs.cpu(),
@@ -59,7 +60,7 @@ def sync_free_round(h: Harness, ws, rids: list[str], sel: torch.Tensor, host_tot
         "totals": torch.cat([ws.totals[: kres.R_PEND],
                              ws.totals[kres.TOT_COLS: kres.TOT_COLS + 2 * (batch + 1)]]).cpu(),
         "copies": [t.cpu() for t in (out.batch, out.rows, out.dst, out.staged_rows)],
-        "pending": int(ws.totals[p: p + 3].abs().sum()),
+        "pending": int(ws.totals[p: p + 2].abs().sum()),
     }
 
 
@@ -103,35 +104,51 @@ def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monke
 
 
 # batch, K, k, hot slots, staging rows, row bytes: a warp-summed batch (<= 32) and one above
-# the SM count (summed by the whole block)
-PENDING_CASES = [(5, 2, 24, 32, 512, 16), (160, 1, 16, 16, 4096, 12)]
-ROUNDS = (0.0, 1.0, 1.0, 0.5, 1.0, 1.0, 0.0, 1.0)  # hit fractions (1.0: every row held)
+# the SM count (summed by the whole block); round 0 of each misses without staging
+PENDING_CASES = [(5, 2, 24, 64, 512, 16), (160, 1, 16, 16, 4096, 12)]
+# hit fractions (1.0: every row held); "bad": every row held and one at its causal bound
+ROUNDS = (0.0, 1.0, 1.0, 0.5, 1.0, "bad", 1.0, 0.0, 1.0)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["1", "2x512"])  # DHISPARSE_LOOKUP_BLOCKS
 @pytest.mark.parametrize("case", PENDING_CASES,
                          ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
-def test_one_workspace_across_rounds_with_and_without_pending_work(case) -> None:
+def test_one_workspace_across_rounds_with_and_without_pending_work(case, shape,
+                                                                   monkeypatch) -> None:
     from kernels import resolver as kres
 
+    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", shape)
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)  # printed on failure
     plain, sync_free, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
     gen = torch.Generator().manual_seed(seed)
     g = sync_free.group
     ws = kres.Workspace.new(batch, k_queries * k, g.hot_slots, g.device)
-    pending = []
-    for rnd, hit_frac in enumerate(ROUNDS):
-        sel = selections(plain, rids, k_queries, k, hit_frac, gen)
+    seen, after_stray = [], False
+    for rnd, frac in enumerate(ROUNDS):
+        sel = selections(plain, rids, k_queries, k, 1.0 if frac == "bad" else frac, gen)
+        if frac == "bad":  # flagged by the lookup: the commit must refuse, either way
+            sel[0, 0, 0] = plain.causal_bounds(rids, k_queries)[0, 0]
         want = sync_free_round(plain, None, rids, sel, True)
         got = sync_free_round(sync_free, ws, rids, sel, False)
         assert_rounds_agree(want, got, seed, rnd)
         assert_same(snapshot(plain), snapshot(sync_free))
         sync_free.check()
-        pending.append(got["pending"])
-        if rnd % 3 == 2:  # a stray lookup with misses: its slots stay dirty (no commit)
+        t = want["totals"]
+        copies, staged, status = (int(t[c]) for c in (kres.R_COPIES, kres.R_STAGED,
+                                                       kres.R_STATUS))
+        if copies or status:  # this call's own work is pending, whatever came before
+            assert got["pending"] > 0, (seed, rnd)
+        elif not after_stray:  # the previous commit cleared this call's slots
+            assert got["pending"] == 0, (seed, rnd, got["pending"])
+        seen.append((frac, copies, staged, status, got["pending"]))
+        after_stray = rnd % 3 == 2
+        if after_stray:  # a stray lookup with misses: its slots stay dirty (no commit)
             stray = selections(plain, rids, k_queries, k, 0.0, gen)
             sync_free_round(sync_free, ws, rids, stray, False, commit=False)
             assert_same(snapshot(plain), snapshot(sync_free))  # a lookup mutates nothing
-    # both ways were taken: commits with nothing pending, and summing ones
-    assert 0 in pending and any(pending), pending
+    # every kind of round came up: no pending work, copies without staging, bad input
+    assert any(p == 0 for *_, p in seen), seen
+    assert any(c > 0 and s == 0 for _, c, s, _, _ in seen), seen
+    assert all(st != 0 for f, _, _, st, _ in seen if f == "bad"), seen
