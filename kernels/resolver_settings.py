@@ -63,7 +63,9 @@ def lookup_shape() -> tuple[int, int]:
       flight. Faster without misses above the SM count (batch 160: 28.0 vs 30.2 us, 2%:
       225.0 vs 227.2) but slower where the copies dominate (20%: 1539.0 vs 1479.2; cold
       4941 vs 4725 us, 1152 B 7828 vs 7574; with 16 copy blocks 5634 vs 4621: the copy
-      blocks land on other SMs behind it), so not the default.
+      blocks land on other SMs behind it), so not the default. Its register sort holds
+      4 x 512 keys, fewer than B = 4096: victim orders above 1024 rows (cold calls) and
+      ``select=sort`` take the shared-memory bitonic sort there (part of the cold gap).
 
     Same results every way."""
     value = os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto")
