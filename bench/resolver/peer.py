@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from bench.common import write_json
+from bench.resolver.plot import plot
 from bench.resolver.report import table
 
 
@@ -74,10 +75,12 @@ def merge_peer(rec: dict, peer: dict) -> None:
 
 def merge_files(ours: str, peer: str, git_sha: str = "") -> None:
     """``python -m bench.bench_resolver merge OURS PEER``-style helper (called from Python):
-    rewrite OURS with PEER's cases merged and the side-by-side table regenerated."""
+    rewrite OURS with PEER's cases merged and the side-by-side table regenerated, and draw
+    it beside OURS as a PNG (``bench.resolver.plot``)."""
     rec = json.loads(Path(ours).read_text())
     merge_peer(rec, json.loads(Path(peer).read_text()))
     if git_sha and rec.get("env", {}).get("git_sha") in (None, "unknown"):
         rec["env"]["git_sha"] = git_sha
         rec["env"]["git_sha_note"] = "filled in after the run (no .git on the device)"
     write_json(ours, rec)
+    plot(rec, Path(ours).with_suffix(".png"))

@@ -1,5 +1,5 @@
 """The resolver benchmark's row windows (``bench.resolver.pool``): how many calls a case can
-time on rows no earlier call read, and how a sweep's settings share them. CPU only."""
+time on rows no earlier call read, and how a sweep's settings share them; its plot. CPU only."""
 
 from __future__ import annotations
 
@@ -26,3 +26,23 @@ def test_settings_take_fresh_windows_and_start_over_when_a_case_runs_out() -> No
     assert [w.take("c", 5, 10), w.take("c", 5, 10), w.take("c", 5, 10)] == [0, 5, 0]  # exact fit
     with pytest.raises(ValueError, match="11 calls need more row windows than the 10 of case a"):
         w.take("a", 11, 10)
+
+
+def test_the_committed_results_draw_with_every_panel(tmp_path) -> None:
+    """``bench.resolver.plot`` over the committed run: one line per side and profile where
+    the data has it, the PNG written (what ``merge_files`` does after a peer merge)."""
+    import json
+    from pathlib import Path
+
+    from bench.resolver.plot import PROFILES, SERIES, plot, series
+
+    root = Path(__file__).resolve().parents[2]
+    rec = json.loads((root / "bench/results/resolver_h200.json").read_text())
+    for _, layout, _ in SERIES:
+        for profile, _, kind in PROFILES:
+            x, y = series(rec, layout, 656, 2048, profile, kind)
+            assert x == [1, 8, 32, 160] and all(v > 0 for v in y), (layout, profile)
+    out = plot(rec, tmp_path / "r.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+    with pytest.raises(ValueError, match="no cases with top_k=7"):
+        plot(rec, tmp_path / "none.png", top_k=7)
