@@ -56,9 +56,8 @@ def lookup_shape() -> tuple[int, int]:
       per thread. A batch above the SM count runs in two waves.
     - 2: 1024 threads, two per SM: 32 registers, 2 loads in flight. Since hits are found by
       ``hot_index`` it spills (312 / 440 bytes stored / loaded, ptxas at 5607534) and was
-      slower at batch 160 in the same call (H200,
-      f238ac9, 656 B, top_k 2048, against 1: no misses 31.1 vs 30.2 us, 2% 233.1 vs 227.2,
-      20% 1559.8 vs 1479.2).
+      slower at batch 160 in the same call (H200, f238ac9, 656 B, top_k 2048, against 1: no
+      misses 31.1 vs 30.2 us, 2% 233.1 vs 227.2, 20% 1559.8 vs 1479.2).
     - 2x512: 512 threads, two per SM, 64 registers and 4 loads in flight: a batch up to
       twice the SM count in one wave, each block with the loads of a 1024-thread one in
       flight. Faster without misses above the SM count (batch 160: 28.0 vs 30.2 us, 2%:

@@ -31,8 +31,8 @@ extern "C" __global__ void chase(const long long* buf, int n, long long* out) {
     for (int i = 0; i < n; ++i) at = buf[at];
     *out = at;
 }
-// thread i reads buf[idx[i]] (idx read coalesced), like the lookup's hot_index loads; the
-// xor of what one thread read goes out so nothing is elided (out[i] < n)
+// thread i reads buf[idx[i]] (idx read coalesced), like the lookup's hot_index loads, and
+// writes it to out[i] so nothing is elided
 template <typename T>
 __device__ void gather_body(const T* buf, const long long* idx, int n, long long* out) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -125,6 +125,7 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
     # the commit's stamps (slots 16..23) land in the default module; a lookup built apart
     # (512 threads, lookup_variant) stamps its slots in its own module's g_trace
     g_trace, g_block = globals_of(defines())
+    l_trace, l_block = globals_of(lookup_variant()[1])  # the same arrays unless built apart
     flush = Flusher(dev)
     rows = []
     for bs, prof in ((1, "hit100"), (32, "hit100"), (160, "hit100"), (1, "miss2"), (32, "miss2"),
@@ -147,7 +148,6 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
         commit = time_gpu(lambda i, c=case, n=n: c.commit(i + 2 * (n + 3)), n, 3,
                           before=prep, flush=flush)
         phases = []
-        l_trace, l_block = globals_of(lookup_variant()[1])
         for blk in (0, bs - 1):  # first and last request's block
             for g, b in ((g_trace, g_block), (l_trace, l_block)):
                 b[0] = blk

@@ -24,9 +24,9 @@ from tests.kernels.test_fused_resolver import CASES, make_pair, selections
 def sync_free_round(h: Harness, ws, rids: list[str], sel: torch.Tensor, host_totals: bool,
                     *, commit: bool = True) -> dict:
     """One round of the two launches on ``h`` (a fresh workspace when ``ws`` is None):
-    ``host_totals`` picks the lookup's own sums (plain) or the commit's (sync-free). Returns
-    the workspace and, after a commit, what both ways must agree on plus the values of the
-    pending slots that commit read."""
+    ``host_totals`` picks the lookup's own sums (plain) or the commit's (sync-free). Returns,
+    after a commit, what both ways must agree on plus the values of the pending slots that
+    commit read (nothing without one)."""
     from kernels import dropin
     from kernels import resolver as kres
 
@@ -48,13 +48,12 @@ def sync_free_round(h: Harness, ws, rids: list[str], sel: torch.Tensor, host_tot
     assert ws.commit_sums is not host_totals
     if not commit:
         torch.cuda.synchronize()
-        return {"ws": ws}
+        return {}
     kres.commit(ws, table, sel, locs, stage, out, epoch=g.clock + 1, hot_slots=g.hot_slots,
                 host_ptrs=host, payloads=pay, row_bytes=g.spec.row_bytes, dependent=True)
     torch.cuda.synchronize()
     p = kres.R_PEND + 2 * ws.parity
     return {
-        "ws": ws,
         "locs": locs.cpu(),
         # the pending slots are the sync-free path's own
         "totals": torch.cat([ws.totals[: kres.R_PEND],
