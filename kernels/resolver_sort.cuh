@@ -5,7 +5,9 @@
 // (resolver_promote.cu). NT threads per block.
 #include "resolver_common.cuh"
 
-#define SORT_N (4 * NT)  // register bitonic sort size: 4 keys per thread (4096 at NT = 1024)
+#define SORT_N 4096  // register bitonic sort size
+#define KPT (SORT_N / NT)  // keys per thread: 4 at 1024 threads, 8 at 512
+static_assert(SORT_N % NT == 0 && KPT >= 2 && (KPT & (KPT - 1)) == 0, "KPT: a power of two >= 2");
 
 __device__ __forceinline__ unsigned long long bitonic_pick(unsigned long long mine, unsigned long long other,
                                                           int i, int j, int kk) {
@@ -13,50 +15,56 @@ __device__ __forceinline__ unsigned long long bitonic_pick(unsigned long long mi
     return lower == asc ? min(mine, other) : max(mine, other);
 }
 
-// Ascending sort of SORT_N keys in shared memory; thread t holds keys 4t..4t+3 in
-// registers. Of the 78 bitonic stages, partners < 4 apart are in the same thread, < 128
-// apart in the same warp (shuffles); only the 15 stages with partners >= 128 apart go
-// through shared memory and a barrier. Already-sorted input (an empty or cold cache:
-// stamps 0, slot order) returns after one check. Replaces a shared-memory bitonic sort
-// (one barrier per stage) that cost ~45 us per request on the H200 (2%-miss, batch 1).
+// a stage whose partners (J < KPT apart) sit in the same thread
+template <int J>
+__device__ __forceinline__ void bitonic_in_thread(unsigned long long (&v)[KPT], int t, int kk) {
+    unsigned long long w[KPT];
+#pragma unroll
+    for (int r = 0; r < KPT; ++r) w[r] = v[r];
+#pragma unroll
+    for (int r = 0; r < KPT; ++r) v[r] = bitonic_pick(w[r], w[r ^ J], KPT * t + r, J, kk);
+}
+
+// Ascending sort of SORT_N keys in shared memory; thread t holds keys KPT t .. KPT t + KPT - 1
+// in registers. Partners < KPT apart are in the same thread, < 32 KPT apart in the same warp
+// (shuffles); only the stages with partners further apart go through shared memory and a
+// barrier (15 of 78 at KPT = 4, 10 at 8). Already-sorted input (an empty or cold cache:
+// stamps 0, slot order) returns after one check. Replaces a shared-memory bitonic sort (one
+// barrier per stage) that cost ~45 us per request on the H200 (2%-miss, batch 1).
 __device__ void sort_registers(unsigned long long* keys) {
     const int t = threadIdx.x;
-    unsigned long long v[4];
+    unsigned long long v[KPT];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) v[r] = keys[4 * t + r];
-    bool ok = v[0] <= v[1] && v[1] <= v[2] && v[2] <= v[3] && (t == NT - 1 || v[3] <= keys[4 * t + 4]);
+    for (int r = 0; r < KPT; ++r) v[r] = keys[KPT * t + r];
+    bool ok = t == NT - 1 || v[KPT - 1] <= keys[KPT * t + KPT];
+#pragma unroll
+    for (int r = 0; r + 1 < KPT; ++r) ok = ok && v[r] <= v[r + 1];
     if (__syncthreads_and(ok)) return;
     for (int kk = 2; kk <= SORT_N; kk <<= 1) {
         for (int j = kk >> 1; j > 0; j >>= 1) {
-            if (j >= 128) {
+            if (j >= 32 * KPT) {
                 __syncthreads();
 #pragma unroll
-                for (int r = 0; r < 4; ++r) keys[4 * t + r] = v[r];
+                for (int r = 0; r < KPT; ++r) keys[KPT * t + r] = v[r];
                 __syncthreads();
 #pragma unroll
-                for (int r = 0; r < 4; ++r) v[r] = bitonic_pick(v[r], keys[(4 * t + r) ^ j], 4 * t + r, j, kk);
-            } else if (j >= 4) {
+                for (int r = 0; r < KPT; ++r) v[r] = bitonic_pick(v[r], keys[(KPT * t + r) ^ j], KPT * t + r, j, kk);
+            } else if (j >= KPT) {
 #pragma unroll
-                for (int r = 0; r < 4; ++r)
-                    v[r] = bitonic_pick(v[r], __shfl_xor_sync(0xffffffffu, v[r], j >> 2), 4 * t + r, j, kk);
+                for (int r = 0; r < KPT; ++r)
+                    v[r] = bitonic_pick(v[r], __shfl_xor_sync(0xffffffffu, v[r], j / KPT), KPT * t + r, j, kk);
+            } else if (KPT > 4 && j == 4) {
+                bitonic_in_thread<(KPT > 4 ? 4 : 1)>(v, t, kk);
             } else if (j == 2) {
-                const unsigned long long a0 = v[0], a1 = v[1], a2 = v[2], a3 = v[3];
-                v[0] = bitonic_pick(a0, a2, 4 * t, 2, kk);
-                v[2] = bitonic_pick(a2, a0, 4 * t + 2, 2, kk);
-                v[1] = bitonic_pick(a1, a3, 4 * t + 1, 2, kk);
-                v[3] = bitonic_pick(a3, a1, 4 * t + 3, 2, kk);
+                bitonic_in_thread<2>(v, t, kk);
             } else {
-                const unsigned long long a0 = v[0], a1 = v[1], a2 = v[2], a3 = v[3];
-                v[0] = bitonic_pick(a0, a1, 4 * t, 1, kk);
-                v[1] = bitonic_pick(a1, a0, 4 * t + 1, 1, kk);
-                v[2] = bitonic_pick(a2, a3, 4 * t + 2, 1, kk);
-                v[3] = bitonic_pick(a3, a2, 4 * t + 3, 1, kk);
+                bitonic_in_thread<1>(v, t, kk);
             }
         }
     }
     __syncthreads();
 #pragma unroll
-    for (int r = 0; r < 4; ++r) keys[4 * t + r] = v[r];
+    for (int r = 0; r < KPT; ++r) keys[KPT * t + r] = v[r];
     __syncthreads();
 }
 
