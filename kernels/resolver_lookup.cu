@@ -11,8 +11,8 @@
 // a byte they agree on is every candidate's, so its pass is skipped: stamps and 20-bit
 // slots leave several such bytes), stopping at the first byte whose chosen bin holds
 // exactly the keys still needed (then K* is that bin's largest possible key). The keys
-// <= K* are compacted and each one's rank is counted (nv^2 / NT compares, NT / nv lanes per
-// key). Writes their slots to out[rank]. Non-candidates (~0) are skipped: nv <= candidates. Compaction
+// <= K* are compacted and each one's rank is counted (nv^2 / NT compares). Writes their
+// slots to out[rank]. Non-candidates (~0) are skipped: nv <= candidates. Compaction
 // atomics are warp-aggregated; histogram counts too with match (select_mode 1, "radix_match"),
 // else one shared atomic per key (select_mode 2, "radix": faster on the H200).
 __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned nv, i32* out, unsigned* hist,
@@ -90,19 +90,11 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
     }
     __syncthreads();
     TRACE(12);  // select: keys <= K* compacted
-    // ranks: P lanes of a warp share each key's count (P = NT / nv rounded down to a power of
-    // two, at most 32; block-uniform), each over every P-th key, summed by shuffles within
-    // the P lanes (a lane group runs the loop alike)
-    unsigned P = 1;
-    while (P < 32 && 2 * P * nv <= NT) P <<= 1;
-    const unsigned l = threadIdx.x & (P - 1);
-    const unsigned gmask = P == 32 ? 0xffffffffu : ((1u << P) - 1u) << ((unsigned)lane & ~(P - 1));
-    for (int i = threadIdx.x / P; i < (int)nv; i += NT / P) {
+    for (int i = threadIdx.x; i < (int)nv; i += NT) {
         const unsigned long long key = vkeys[i];
         unsigned r = 0;
-        for (int j = l; j < (int)nv; j += P) r += vkeys[j] < key;
-        for (unsigned o = P >> 1; o; o >>= 1) r += __shfl_xor_sync(gmask, r, o);
-        if (l == 0) out[r] = (i32)(key & 0xFFFFFull);
+        for (int j = 0; j < (int)nv; ++j) r += vkeys[j] < key;
+        out[r] = (i32)(key & 0xFFFFFull);
     }
 }
 
