@@ -4,7 +4,6 @@
 #include "resolver_sort.cuh"
 
 #define SELECT_MAX 1024  // victims ordered by radix select + counting ranks up to this many
-#define RANK_SORT_MIN 128  // above this many (and up to NT) the selected keys are sorted
 
 // The nv smallest of Bp unique keys (non-candidates are ~0), in ascending order, without
 // sorting all Bp: MSD radix select of the nv-th smallest key K* with 8-bit histograms over
@@ -12,9 +11,7 @@
 // a byte they agree on is every candidate's, so its pass is skipped: stamps and 20-bit
 // slots leave several such bytes), stopping at the first byte whose chosen bin holds
 // exactly the keys still needed (then K* is that bin's largest possible key). The keys
-// <= K* are compacted and ordered: up to RANK_SORT_MIN of them (or more than NT) by counting
-// each one's rank (nv^2 / NT compares), the rest by a bitonic sort of one key per thread
-// (the count took 6.6 us for nv = 410 at 1024 threads, trace at 1d2ea72). Writes their
+// <= K* are compacted and each one's rank is counted (nv^2 / NT compares). Writes their
 // slots to out[rank]. Non-candidates (~0) are skipped: nv <= candidates. Compaction
 // atomics are warp-aggregated; histogram counts too with match (select_mode 1, "radix_match"),
 // else one shared atomic per key (select_mode 2, "radix": faster on the H200).
@@ -93,15 +90,6 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
     }
     __syncthreads();
     TRACE(12);  // select: keys <= K* compacted
-    if (nv > RANK_SORT_MIN && nv <= NT) {  // block-uniform: sorted, one key per thread
-        unsigned n = RANK_SORT_MIN;
-        while (n < nv) n <<= 1;
-        for (int i = nv + threadIdx.x; i < (int)n; i += NT) vkeys[i] = ~0ull;
-        __syncthreads();
-        sort_one_per_thread(vkeys, (int)n);  // syncs
-        for (int i = threadIdx.x; i < (int)nv; i += NT) out[i] = (i32)(vkeys[i] & 0xFFFFFull);
-        return;
-    }
     for (int i = threadIdx.x; i < (int)nv; i += NT) {
         const unsigned long long key = vkeys[i];
         unsigned r = 0;

@@ -68,31 +68,6 @@ __device__ void sort_registers(unsigned long long* keys) {
     __syncthreads();
 }
 
-// Ascending sort of n keys in shared memory (n a power of two <= NT), one per thread: partners
-// < 32 apart by shuffles, the rest through shared memory and a barrier (10 of 45 stages at
-// n = 512). Every thread of the block calls it; threads >= n hold no key.
-__device__ void sort_one_per_thread(unsigned long long* keys, int n) {
-    const int t = threadIdx.x;
-    unsigned long long v = t < n ? keys[t] : ~0ull;
-    for (int kk = 2; kk <= n; kk <<= 1) {
-        for (int j = kk >> 1; j > 0; j >>= 1) {
-            unsigned long long o;
-            if (j >= 32) {
-                __syncthreads();
-                if (t < n) keys[t] = v;
-                __syncthreads();
-                o = t < n ? keys[t ^ j] : v;
-            } else {
-                o = __shfl_xor_sync(0xffffffffu, v, j);
-            }
-            v = bitonic_pick(v, o, t, j, kk);
-        }
-    }
-    __syncthreads();
-    if (t < n) keys[t] = v;
-    __syncthreads();
-}
-
 // Generic shared-memory bitonic sort of n (a power of two > SORT_N) keys.
 __device__ void sort_smem(unsigned long long* keys, int n) {
     for (int kk = 2; kk <= n; kk <<= 1) {
