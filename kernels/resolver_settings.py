@@ -64,8 +64,8 @@ def lookup_shape() -> tuple[int, int]:
       225.0 vs 227.2) but slower where the copies dominate (20%: 1539.0 vs 1479.2; cold
       4941 vs 4725 us, 1152 B 7828 vs 7574; with 16 copy blocks 5634 vs 4621: the copy
       blocks land on other SMs behind it), so not the default. Its register sort holds
-      4 x 512 keys, fewer than B = 4096: victim orders above 1024 rows (cold calls) and
-      ``select=sort`` take the shared-memory bitonic sort there (part of the cold gap).
+      8 keys per thread, all of B = 4096 (2d7f0b1; before, 4 per thread and the
+      shared-memory sort above 2048 keys).
 
     Same results every way."""
     value = os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto")
