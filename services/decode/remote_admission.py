@@ -16,7 +16,8 @@ own thread and never blocks on the network::
     Release thread    Release RPCs, retried while the controller is down.
 
 Commands are idempotent here: a command re-sent after a reconnect whose ack was lost is
-acknowledged again without executing it twice.
+acknowledged again without executing it twice, one re-sent while the engine holds it is not
+handed out again, and a replaced controller's commands are not run (``current``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -47,6 +48,7 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 500),
 )
 RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+DONE_KEPT = 65536   # acked command ids remembered to re-ack re-sent commands (as the controller)
 
 
 @dataclass(slots=True, eq=False)
@@ -62,6 +64,7 @@ class RemoteTicket:
     error: errors.DHiSparseError | None = None
     call: grpc.Future | None = None
     withdrawn: bool = False
+    released: bool = False   # a Release for it is queued (at most one per ticket)
     retries: int = 0
     last_code: str = ""   # of the last failed attempt (logged when it changes)
 
@@ -98,7 +101,8 @@ class RemoteAdmission:
         self._pending: dict[str, RemoteTicket] = {}    # Admit in flight
         self._live: dict[str, RemoteTicket] = {}       # granted, not released
         self._commands: deque[Command] = deque()
-        self._done: dict[int, bool] = {}               # acknowledged command ids
+        self._taken: set[int] = set()                  # handed to the engine this epoch
+        self._done: OrderedDict[int, bool] = OrderedDict()  # acknowledged ids, DONE_KEPT last
         self._out: queue.Queue[pb.WorkerReport | None] | None = None
         self._releases: queue.Queue[str | None] = queue.Queue()
         self._stop = threading.Event()
@@ -133,15 +137,28 @@ class RemoteAdmission:
                 cmd = self._commands.popleft()
                 if cmd.command_id in self._done:      # re-sent after a lost ack
                     self._send_ack(cmd.command_id, self._done[cmd.command_id])
+                elif cmd.command_id in self._taken:   # re-sent while the engine holds it
+                    continue
                 elif cmd.request_id not in self._live:
                     self._send_ack(cmd.command_id, False, "unknown request")
                 else:
+                    self._taken.add(cmd.command_id)
                     out.append(cmd)
         return out
 
+    def current(self, command: Command) -> bool:
+        """Whether ``command`` came from the controller of this session's epoch: one taken
+        before a new controller took over is not run (its ledger was rebuilt from a report
+        made without it) nor acknowledged."""
+        with self._lock:
+            return command.command_id in self._taken
+
     def ack(self, command: Command, ok: bool = True) -> None:
         with self._lock:
+            self._taken.discard(command.command_id)
             self._done[command.command_id] = ok
+            while len(self._done) > DONE_KEPT:
+                self._done.popitem(last=False)
             self._send_ack(command.command_id, ok)
 
     def release(self, request_id: str) -> None:
@@ -156,16 +173,24 @@ class RemoteAdmission:
 
     # -- beyond LocalAdmission ------------------------------------------------------------
     def cancel(self, ticket: RemoteTicket) -> None:
-        """Withdraw an admission (the client went away); releases it if it was granted.
-        ``withdrawn`` is set under the lock ``_admitted`` takes to record a grant, so a grant
-        arriving meanwhile is either released here or released there, never kept."""
+        """Withdraw an admission (the client went away); releases it if it was granted or
+        its Admit is in flight. ``withdrawn`` is set under the lock ``_admitted`` takes to
+        record a grant and ``_send_admit`` takes to send a retry, so a grant arriving
+        meanwhile is released here or there (once: ``released``), never kept, and no Admit
+        is sent after it."""
         with self._lock:
             ticket.withdrawn = True
-            self._pending.pop(ticket.request_id, None)
+            waiting = self._pending.pop(ticket.request_id, None) is not None
             granted = self._live.pop(ticket.request_id, None) is not None
-        if ticket.call is not None:
-            ticket.call.cancel()
-        if granted:
+            call = ticket.call
+            # an Admit sent and not resolved here may have been granted with the reply on its
+            # way (its done callback then sees a cancelled call): release it as well, a no-op
+            # at the controller if it was not granted
+            release = (granted or (waiting and call is not None)) and not ticket.released
+            ticket.released |= release
+        if call is not None:
+            call.cancel()
+        if release:
             self._releases.put(ticket.request_id)
 
     def close(self) -> None:
@@ -200,9 +225,12 @@ class RemoteAdmission:
         req = pb.AdmitRequest(request_id=ticket.request_id, worker_id=self.worker_id,
                               required_pages=ticket.required_pages,
                               history_pages=ticket.history_pages)
-        ticket.call = self._stub.Admit.future(req, timeout=remaining, wait_for_ready=True,
-                                              metadata=self._metadata)
-        ticket.call.add_done_callback(lambda call: self._admitted(ticket, call))
+        with self._lock:   # decided together with cancel(): a withdrawn ticket sends nothing
+            if ticket.withdrawn or self._stop.is_set():
+                return
+            call = ticket.call = self._stub.Admit.future(
+                req, timeout=remaining, wait_for_ready=True, metadata=self._metadata)
+        call.add_done_callback(lambda c: self._admitted(ticket, c))
 
     def _admitted(self, ticket: RemoteTicket, call: grpc.Future) -> None:
         """Admit's done callback (a gRPC thread). Whatever goes wrong in here, the ticket
@@ -228,11 +256,13 @@ class RemoteAdmission:
                     self._live[ticket.request_id] = ticket
                     ticket.grant = grant
                     ticket.state = TicketState.GRANTED
+                release = not keep and not ticket.released   # granted at the last instant
+                ticket.released |= release
             if ticket.retries:
                 log.info("admission of %s granted after %d retries (kept: %s)",
                          ticket.request_id, ticket.retries, keep)
-            if not keep:
-                self._releases.put(ticket.request_id)      # granted at the last instant
+            if release:
+                self._releases.put(ticket.request_id)
             return
         if ticket.withdrawn or self._stop.is_set():
             return
@@ -313,8 +343,8 @@ class RemoteAdmission:
         heartbeat = min(1.0, max(0.05, reply.heartbeat_timeout_s / 4))
         out: queue.Queue[pb.WorkerReport | None] = queue.Queue()
         with self._lock:
-            if new_epoch:        # a new controller: its command ids never collide with ours
-                self._done.clear()
+            if new_epoch:
+                self._forget_commands()
             self._out = out
         call = self._stub.Session(self._reports(self._hello(), out, heartbeat),
                                   metadata=self._metadata)
@@ -349,6 +379,14 @@ class RemoteAdmission:
             if msg is None:
                 return
             yield msg
+
+    def _forget_commands(self) -> None:
+        """A new controller (caller holds the lock): its command ids never collide with the
+        old one's, and it rebuilt its ledger from this session's report, so the old one's
+        commands not yet run are dropped (queued) or stop being ``current`` (taken)."""
+        self._done.clear()
+        self._commands.clear()
+        self._taken.clear()
 
     def _send_ack(self, command_id: int, ok: bool, error: str = "") -> None:
         """Queue an ack on the live session (caller holds the lock). With no session the

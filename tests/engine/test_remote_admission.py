@@ -166,3 +166,104 @@ def test_an_admit_that_cannot_be_sent_fails_the_ticket(monkeypatch) -> None:
         assert adm.waiting == 0
     finally:
         adm.close()
+
+
+class InFlightCall:
+    """An Admit call still in flight; ``cancel`` turns it cancelled, as gRPC does."""
+
+    def __init__(self) -> None:
+        self.is_cancelled = False
+
+    def cancelled(self) -> bool:
+        return self.is_cancelled
+
+    def cancel(self) -> bool:
+        self.is_cancelled = True
+        return True
+
+
+def recording_releases(adm: RemoteAdmission) -> list[str]:
+    released: list[str] = []
+    put = adm._releases.put
+    adm._releases.put = lambda item, *a, **kw: (released.append(item), put(item, *a, **kw))
+    return released
+
+
+def test_cancel_of_an_admit_in_flight_releases_it_once() -> None:
+    """The controller may have granted an Admit whose reply is still on its way when the
+    client goes away; the done callback then sees a cancelled call. The cancel releases the
+    request (a no-op there if it was not granted), and only once."""
+    adm = RemoteAdmission("127.0.0.1:1", WorkerPool("w", "x", 10, 0, 2, 8, 8), lambda live: [])
+    released = recording_releases(adm)
+    try:
+        ticket = RemoteTicket("r", 1, 0, time.monotonic() + 5)
+        ticket.call = call = InFlightCall()
+        adm._pending["r"] = ticket
+        adm.cancel(ticket)
+        assert call.is_cancelled and released == ["r"]
+        adm._admitted(ticket, call)                        # the callback of the cancelled call
+        adm._admitted(ticket, GrantedCall(adm, ticket, "after"))  # or a grant read after all
+        adm.cancel(ticket)
+        assert released == ["r"] and "r" not in adm._live and "r" not in adm._pending
+    finally:
+        adm.close()
+
+
+def test_a_cancel_between_retries_sends_no_more_admits(monkeypatch) -> None:
+    """A ticket withdrawn while its Admit waits for a retry timer sends nothing more: a
+    fresh Admit would wait at the head of the controller's queue for its whole deadline."""
+    adm = RemoteAdmission("127.0.0.1:1", WorkerPool("w", "x", 10, 0, 2, 8, 8), lambda live: [])
+    sent: list[str] = []
+    monkeypatch.setattr(adm._stub.Admit, "future",
+                        lambda req, **kw: (sent.append(req.request_id), InFlightCall())[1],
+                        raising=False)
+    try:
+        ticket = RemoteTicket("r", 1, 0, time.monotonic() + 5)
+        adm._pending["r"] = ticket
+        adm._call_admit(ticket)                  # the first Admit
+        adm._admitted(ticket, FailedCall(__import__("grpc").StatusCode.UNAVAILABLE))
+        assert ticket.retries == 1               # a retry timer runs in 0.2 s
+        adm.cancel(ticket)
+        time.sleep(0.4)
+        adm._call_admit(ticket)                  # as the timer would, once more
+        assert sent == ["r"]
+    finally:
+        adm.close()
+
+
+def test_acknowledged_command_ids_are_kept_up_to_a_bound(monkeypatch) -> None:
+    """``_done`` answers re-sent commands; it keeps the last DONE_KEPT ids, not every id of
+    the worker's life."""
+    from services.decode import remote_admission as ra
+    from services.residency.core import Command, CommandKind
+
+    monkeypatch.setattr(ra, "DONE_KEPT", 5)
+    adm = RemoteAdmission("127.0.0.1:1", WorkerPool("w", "x", 10, 0, 2, 8, 8), lambda live: [])
+    try:
+        for i in range(12):
+            adm.ack(Command(i, CommandKind.RETIRE, "w", "r", 1))
+        assert list(adm._done) == [7, 8, 9, 10, 11]
+    finally:
+        adm.close()
+
+
+def test_a_replaced_controllers_commands_are_not_run() -> None:
+    """After a new epoch the old controller's commands are dropped if still queued and stop
+    being current if the engine holds them (its successor rebuilt the ledger without
+    them); a command re-sent while the engine holds it is not handed out twice."""
+    from services.residency.core import Command, CommandKind
+
+    adm = RemoteAdmission("127.0.0.1:1", WorkerPool("w", "x", 10, 0, 2, 8, 8), lambda live: [])
+    try:
+        adm._live["r"] = RemoteTicket("r", 1, 0, time.monotonic() + 5)
+        held, queued = (Command(i, CommandKind.POPULATE, "w", "r", 2) for i in (1, 2))
+        adm._commands.append(held)
+        assert adm.take_commands() == [held] and adm.current(held)
+        adm._commands.append(held)                   # re-sent while the engine holds it
+        assert adm.take_commands() == []
+        adm._commands.append(queued)
+        with adm._lock:
+            adm._forget_commands()
+        assert not adm.current(held) and adm.take_commands() == []
+    finally:
+        adm.close()

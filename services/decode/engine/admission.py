@@ -44,6 +44,12 @@ class LocalAdmission:
     def take_commands(self) -> list[Command]:
         return self.core.take_commands(self.worker_id)
 
+    @staticmethod
+    def current(command: Command) -> bool:
+        """Whether ``command`` is still the controller's to run: always, in process (the
+        remote admission drops a replaced controller's)."""
+        return True
+
     def ack(self, command: Command, ok: bool = True) -> None:
         self.core.ack(command.command_id, self.worker_id, ok)
 

@@ -323,6 +323,9 @@ class Engine:
         while True:
             self._activate_granted()
             commands, self._deferred = self._deferred + self.admission.take_commands(), []
+            # a replaced controller's (remote admission after a restart): its successor's
+            # ledger never had them, so they are neither run nor acknowledged
+            commands = [c for c in commands if self.admission.current(c)]
             if self._populated:
                 self._deferred = [c for c in commands if c.kind is CommandKind.POPULATE]
                 commands = [c for c in commands if c.kind is not CommandKind.POPULATE]
