@@ -40,6 +40,7 @@ from services.decode.engine.admission import LocalAdmission
 from services.decode.engine.engine import Engine
 from services.decode.engine.request import GenerateSpec, Phase, RequestRun
 from services.decode.metrics import DecodeMetrics, WorkerGauges
+from services.kvstore.keys import MAX_ID_LEN
 from services.residency.core import Ticket, TicketState
 
 log = get_logger("decode.worker")
@@ -260,6 +261,16 @@ class DecodeWorker:
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(errors.Unavailable(f"worker {self.worker_id} stopped"))
 
+    def _check_id_fits(self, client_id: str) -> None:
+        """The engine's id (this worker's prefix + the client's) must fit the kvstore's and
+        the controller's id limit: refused here, not after the admission was granted."""
+        prefix = f"{self.worker_id}.{self.incarnation}.{self._submitted + 1}:"
+        if len(client_id) > MAX_ID_LEN - len(prefix):
+            raise errors.InvalidArgument(
+                f"request_id has {len(client_id)} characters; the limit on worker "
+                f"{self.worker_id} is {MAX_ID_LEN - len(prefix)} ({MAX_ID_LEN} less the "
+                f"{len(prefix)} of its prefix {prefix!r})")
+
     def _engine_id(self, client_id: str) -> str:
         self._submitted += 1
         return safe_id(f"{self.worker_id}.{self.incarnation}.{self._submitted}:{client_id}")
@@ -270,6 +281,7 @@ class DecodeWorker:
             raise errors.InvalidArgument(f"request_id={client_id!r} is already in flight on "
                                          f"worker {self.worker_id}")
         self._check_fits(spec)
+        self._check_id_fits(client_id)
         inner = replace(spec, request_id=self._engine_id(client_id))
         stream.run = self.engine.submit(inner, on_tokens=self._on_tokens,
                                         on_finish=self._on_finish)

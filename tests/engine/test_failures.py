@@ -204,3 +204,31 @@ def test_a_request_too_short_to_draft_does_not_refuse_speculation_settings() -> 
     engine.run_until_idle()
     assert sorted(r.request_id for r in engine.finished) == ["short1", "short2"]
     assert engine.stats.round_tokens == 1  # short2's one round: no drafted token
+
+
+def test_a_request_id_too_long_for_the_stores_is_refused_at_submit() -> None:
+    """The worker prefixes the client's id; an id that would pass the kvstore's limit only
+    with the prefix is refused before admission, naming the client's length and the limit,
+    and an id at the limit decodes."""
+    import asyncio
+
+    from services.common.errors import InvalidArgument
+    from services.decode.config import DecodeConfig
+    from services.decode.worker import DecodeWorker, Finished
+    from services.kvstore.keys import MAX_ID_LEN
+
+    async def body() -> None:
+        worker = DecodeWorker(DecodeConfig(worker_id="w", policy="hisparse"))
+        worker.start()
+        try:
+            limit = MAX_ID_LEN - len(f"w.{worker.incarnation}.1:")
+            with pytest.raises(InvalidArgument, match=f"has {limit + 1} characters; the limit "
+                                                      f"on worker w is {limit}"):
+                await worker.submit(GenerateSpec("x" * (limit + 1), 3, prompt=[1, 2, 3]))
+            stream = await worker.submit(GenerateSpec("y" * limit, 3, prompt=[1, 2, 3]))
+            while not isinstance(item := await stream.queue.get(), Finished):
+                assert not isinstance(item, BaseException), item
+        finally:
+            worker.close()
+
+    asyncio.run(body())
