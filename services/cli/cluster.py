@@ -313,7 +313,8 @@ def load_command(
     requests: int = typer.Option(16, help="Requests in total."),
     input_len: int = typer.Option(64, help="Prompt tokens per request."),
     output_len: int = typer.Option(16, help="Output cap per request."),
-    speculation: bool = typer.Option(False, "--speculation/--no-speculation"),
+    speculation: bool = typer.Option(False, "--speculation/--no-speculation", help=(
+        "Draft-model speculation (needs workers of a -spec policy: `up --policy adaptive-spec`).")),
     spec_block: int = typer.Option(4, help="K_r per round with speculation."),
     prefix_id: str = typer.Option("", help="Import this registered prefix instead of a prompt."),
     seed: int = typer.Option(0, help="Prompt seed (also names the requests)."),

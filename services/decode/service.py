@@ -32,7 +32,7 @@ async def run(config: DecodeConfig, stop_event: asyncio.Event | None = None) -> 
         await asyncio.to_thread(worker.admission.connected.wait, REGISTER_WAIT_S)
     handle = await create_server(config, register=lambda s: register(DecodeServicer(worker), s),
                                  service_names=[SERVICE_NAME])
-    metrics_server = start_metrics_server(config.metrics_port, metrics.registry)
+    metrics_server = start_metrics_server(config.metrics_port, metrics.registry, config.host)
     log.info("decode ready", extra={"fields": {
         "port": handle.port, "worker": config.worker_id, "policy": config.policy,
         "preset": config.preset, "residency": config.residency, "kvstore": config.kvstore,

@@ -35,7 +35,7 @@ async def run(config: KVStoreConfig, stop_event: asyncio.Event | None = None) ->
     handle = await create_server(
         config, register=lambda s: kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, s),
         service_names=[SERVICE_NAME])
-    metrics_server = start_metrics_server(config.metrics_port, metrics.registry)
+    metrics_server = start_metrics_server(config.metrics_port, metrics.registry, config.host)
     s = store.stats()
     log.info("kvstore ready", extra={"fields": {
         "port": handle.port, "capacity": s.capacity_bytes, "used": s.used_bytes,

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 
@@ -17,7 +18,8 @@ DEFAULT_ADDRESS = "127.0.0.1:50052"
 @service_command("residency", "services.residency.config:ResidencyConfig",
                  "services.residency.server:main", default_port=50052)
 def command(
-    policy: str | None = opt("--policy", "whole-request (paper eq. 4) or elastic.", "POLICY"),
+    policy: str | None = opt("--policy", "whole-request (paper eq. 4) or elastic.",
+                             "RESIDENCY_POLICY"),
     reclaim_order: str | None = opt(
         "--reclaim-order", "backed-largest (default), largest, oldest or newest.",
         "RECLAIM_ORDER"),
@@ -40,10 +42,26 @@ def command(
     """Run the residency controller (one per cluster, soft state)."""
 
 
+def status_address(address: str | None, state_dir: Path) -> str:
+    """``--address`` if given, else the residency of the cluster ``dhisparse up`` wrote to
+    ``state_dir/cluster.json`` (it picks free ports), else DEFAULT_ADDRESS."""
+    if address:
+        return address
+    path = state_dir / "cluster.json"
+    if path.exists():
+        endpoint = json.loads(path.read_text()).get("residency", {}).get("grpc")
+        if endpoint:
+            return str(endpoint)
+    return DEFAULT_ADDRESS
+
+
 def status_command(
-    address: str = typer.Option(DEFAULT_ADDRESS, "--address",
-                                envvar="DHISPARSE_RESIDENCY_ADDRESS",
-                                help="host:port of the residency controller."),
+    address: str | None = typer.Option(
+        None, "--address", envvar="DHISPARSE_RESIDENCY_ADDRESS",
+        help=f"host:port of the residency controller [from --state-dir's cluster.json, "
+             f"else {DEFAULT_ADDRESS}]."),
+    state_dir: Path = typer.Option(Path("runs/cluster"),
+                                   help="Where `dhisparse up` wrote cluster.json."),
     requests: bool = typer.Option(False, "--requests", help="Also list every request."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     token: str | None = opt("--token", "Shared bearer token.", "TOKEN"),
@@ -55,6 +73,7 @@ def status_command(
 
     from services.residency.status import fetch_state, render_state
 
+    address = status_address(address, state_dir)
     try:
         state = fetch_state(address, requests, token, timeout)
     except grpc.RpcError as e:

@@ -24,7 +24,7 @@ async def run(config: ResidencyConfig, stop_event: asyncio.Event | None = None) 
     await controller.start()
     handle = await create_server(config, register=lambda s: register(servicer, s),
                                  service_names=[SERVICE_NAME])
-    metrics_server = start_metrics_server(config.metrics_port, metrics.registry)
+    metrics_server = start_metrics_server(config.metrics_port, metrics.registry, config.host)
     log.info("residency ready", extra={"fields": {
         "port": handle.port, "policy": config.policy, "reclaim_order": config.reclaim_order,
         "epoch": controller.epoch,

@@ -59,3 +59,40 @@ def test_bad_config_exits_2_with_one_line() -> None:
     assert result.exit_code == 2 and not SEEN
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("dhisparse demo: DHISPARSE_TLS_CERT"), lines
+
+
+def test_a_service_variable_means_one_thing_across_the_services() -> None:
+    """``dhisparse up`` hands its environment to every service: beyond the contract flags
+    every service takes, a ``DHISPARSE_*`` variable belongs to one service (residency's
+    policy once read DHISPARSE_POLICY, the workers' policy variable, and crashed on it)."""
+    import inspect
+
+    from services.decode.cli import command as decode
+    from services.kvstore.cli import command as kvstore
+    from services.residency.cli import command as residency
+
+    owners: dict[str, set[str]] = {}
+    common: set[str] | None = None
+    for name, cmd in (("kvstore", kvstore), ("residency", residency), ("decode", decode)):
+        envs = {getattr(p.default, "envvar", None)
+                for p in inspect.signature(cmd).parameters.values()} - {None}
+        common = envs if common is None else common & envs
+        for env in envs:
+            owners.setdefault(env, set()).add(name)
+    assert common and "DHISPARSE_PORT" in common
+    shared = {env: by for env, by in owners.items() if len(by) > 1 and env not in common}
+    assert not shared, shared
+
+
+def test_status_finds_the_controller_of_the_cluster_up_started(tmp_path) -> None:
+    """``dhisparse up`` picks free ports and writes them to cluster.json: ``status`` reads
+    the residency's from there unless given ``--address``; with neither, the default."""
+    import json
+
+    from services.residency.cli import DEFAULT_ADDRESS, status_address
+
+    assert status_address(None, tmp_path) == DEFAULT_ADDRESS
+    (tmp_path / "cluster.json").write_text(json.dumps({
+        "kvstore": {"grpc": "127.0.0.1:41001"}, "residency": {"grpc": "127.0.0.1:41002"}}))
+    assert status_address(None, tmp_path) == "127.0.0.1:41002"
+    assert status_address("10.0.0.1:50052", tmp_path) == "10.0.0.1:50052"

@@ -84,3 +84,24 @@ def test_dashboard_series_exist_in_the_service_registries() -> None:
         pytest.skip(f"metrics modules not written yet: {missing_modules}; unverified dashboard "
                     f"series: {sorted(unresolved)}")
     assert not unresolved, f"dashboard series no service registry defines: {sorted(unresolved)}"
+
+
+def test_dashboard_picks_one_service_for_series_several_export() -> None:
+    """A series both the controller and the workers export (pages, slots, coverage, with
+    the same worker labels) is scraped once per job: a panel that sums it without a job
+    matcher shows twice the pool."""
+    exporters: dict[str, set[str]] = {}
+    for s in c.SERVICES:
+        m = _load_metrics_module(s)
+        if m is not None:
+            for series in c.defined_exposed(c.defined_metrics(m)):
+                exporters.setdefault(series, set()).add(s)
+    shared = {series for series, by in exporters.items() if len(by) > 1}
+    assert shared, "no series is exported by two services: the test checks nothing"
+    for title, expr in c.dashboard_queries(c.dashboard()):
+        for series, matchers in c.selectors_in(expr):
+            if series in shared:
+                jobs = [v for label, op, v in matchers if label == "job" and op == "="]
+                assert len(jobs) == 1 and jobs[0] in exporters[series], (
+                    f"panel {title!r}: {series} comes from {sorted(exporters[series])}; "
+                    f"pick one with job=\"...\": {expr}")
