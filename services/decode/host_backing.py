@@ -2,10 +2,12 @@
 
 The mapped client (``services.kvstore.client``) reads and writes rows through its
 shared-memory mapping, which keeps working while the store is down; only ``open``,
-``commit`` and ``close`` need the store and raise ``Unavailable`` then. This wrapper
-retries ``open`` and ``commit`` (the engine thread waits, then continues with the same
-bytes: no token changes) and defers ``close`` to a background thread, so a kill -9 of the
-kvstore pauses decoding for the restart and loses nothing.
+``commit`` and ``close`` need the store and raise ``Unavailable`` then (or
+``DeadlineExceeded`` while it is stalled). This wrapper retries ``open`` and ``commit`` on
+either, both being safe to repeat (the engine thread waits, then continues with the same
+bytes: no token changes; a commit of rows already backed changes nothing), and defers
+``close`` to a background thread, so a kill -9 of the kvstore pauses decoding for the
+restart and loses nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import TypeVar
 import torch
 
 from services.common.backing import HostBacking
-from services.common.errors import DHiSparseError, NotFound, Unavailable
+from services.common.errors import DeadlineExceeded, DHiSparseError, NotFound, Unavailable
 from services.common.logging import get_logger
 from services.kvstore.client import KVStoreClient
 
@@ -84,12 +86,12 @@ class RetryingProvider:
         while True:
             try:
                 return fn()
-            except Unavailable as exc:
+            except (Unavailable, DeadlineExceeded) as exc:
                 if time.monotonic() > deadline:
                     raise
                 self.retries += 1
                 if self.retries % 20 == 1:
-                    log.warning("kvstore unavailable; retrying %s: %s", what, exc)
+                    log.warning("kvstore unavailable or late; retrying %s: %s", what, exc)
                 time.sleep(self.backoff_s)
 
     def open(self, request_id: str, source_id: int, row_bytes: int,

@@ -150,3 +150,51 @@ def test_the_renewer_keeps_only_the_histories_this_client_mapped() -> None:
     assert client.rpc.calls == [[("a", 0), ("gone", 0)], [("a", 0)], [("gone", 0)]]
     client._open = {}
     assert client.renew() == 0 and len(client.rpc.calls) == 3  # nothing mapped: no call
+
+
+class StalledClient(LosingClient):
+    """Its first open and first commit time out (the store stalled) after taking effect."""
+
+    def __init__(self, store: KVStore) -> None:
+        super().__init__(store)
+        self.commits = 0
+
+    def open(self, request_id: str, source_id: int, row_bytes: int, num_rows: int,
+             open_id: str = "") -> SimpleNamespace:
+        self.tokens.append(open_id)
+        _, created = self.store.open(request_id, source_id, "w0", row_bytes, num_rows,
+                                     attach=True, open_id=open_id)
+        if len(self.tokens) == 1:
+            raise DeadlineExceeded("kvstore did not answer in time")
+        client = self
+
+        class Inner:
+            def commit(self, start: int, stop: int) -> None:
+                client.store.commit(request_id, source_id, "w0", [(start, stop)])
+                client.commits += 1
+                if client.commits == 1:
+                    raise DeadlineExceeded("kvstore did not answer in time")
+
+        inner = Inner()
+        inner.created = created
+        return inner
+
+
+def test_a_stalled_store_is_waited_for_not_fatal(prefix: str) -> None:
+    """A store that answers late (stopped, or busy) makes open and commit time out; both
+    are repeated like an unreachable store's (a commit of backed rows changes nothing)
+    instead of failing the engine's round."""
+    store = KVStore(options(prefix), Clock())
+    client = StalledClient(store)
+    provider = RetryingProvider(client, retry_seconds=5, backoff_s=0.01)  # type: ignore[arg-type]
+    try:
+        history = provider.open("r", 0, 16, 8)
+        assert history.created and len(client.tokens) == 2
+        history.commit(0, 4)
+        assert client.commits == 2 and provider.retries == 2
+        assert store.commit("r", 0, "w0", [(0, 1)]) == ((0, 4),)
+        provider.close("r", 0)
+    finally:
+        provider.shutdown()
+        store.shutdown()
+    assert_no_segments(prefix)
