@@ -39,6 +39,29 @@ def test_admit_and_release_span_every_group(device: str) -> None:
         assert_no_leak(g)
 
 
+def test_a_release_one_group_refuses_changes_no_group(device: str) -> None:
+    """A resolve of the second group whose readers have not finished: the release is
+    refused and the request stays in every group, its histories open; once they finish
+    it frees everywhere."""
+    from services.common.errors import FailedPrecondition
+    from services.decode.hierarchy import resolve
+
+    h, provider = make(device)
+    h.admit("a", 16, {"glm": rows(9, 8, 3), "dsv": rows(9, 16, 1)})
+    dsv = h.group("dsv")
+    resolve(dsv, ["a"], torch.tensor([[[0, 1, 2]]], device=device),
+            torch.tensor([[9]], device=device))
+    before = {n: g.pages.counts() for n, g in h.groups.items()}
+    with pytest.raises(FailedPrecondition, match="request_id='a': readers of epoch"):
+        h.release("a")
+    assert all("a" in g.requests for g in h.groups.values())
+    assert {n: g.pages.counts() for n, g in h.groups.items()} == before
+    assert len(provider.histories) == 4
+    h.readers_finished()
+    h.release("a")
+    assert not provider.histories and all(not g.requests for g in h.groups.values())
+
+
 def test_failed_admission_is_rolled_back_everywhere(device: str) -> None:
     h, provider = make(device)
     with pytest.raises(InvalidArgument, match=r"history\[0\] has dtype=torch.uint8 shape=\(9, 8\)"):

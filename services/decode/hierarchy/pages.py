@@ -403,15 +403,21 @@ def publish_pages(group: SourceGroup, request_id: str) -> int:
     return int(pending.sum())
 
 
-def release(group: SourceGroup, request_id: str) -> None:
-    """Free every page, slot and staged row of the request and close its host histories."""
+def check_release(group: SourceGroup, request_id: str) -> None:
+    """What ``release`` needs, changing nothing: NotFound, or FailedPrecondition while a
+    reader or a plan of the group may still use the request's rows."""
     state = group.request(request_id)
     if group.readers_pending(state) or group.pending_layers:
         raise FailedPrecondition(
             f"request_id={request_id!r}: readers of epoch={state.last_read_epoch} not finished "
             f"(finished_epoch={group.finished_epoch}) or a plan is not applied to every layer"
         )
-    _free_request(group, state)
+
+
+def release(group: SourceGroup, request_id: str) -> None:
+    """Free every page, slot and staged row of the request and close its host histories."""
+    check_release(group, request_id)
+    _free_request(group, group.request(request_id))
 
 
 def undo_admit(group: SourceGroup, request_id: str) -> None:

@@ -23,7 +23,7 @@ from services.common.errors import InvalidArgument, NotFound, ResourceExhausted
 
 from .config import HierarchyConfig, SourceSpec
 from .group import SharedLayout, SourceGroup
-from .pages import admit, can_admit, release, undo_admit
+from .pages import admit, can_admit, check_release, release, undo_admit
 from .staging import StagingArena
 
 
@@ -107,11 +107,22 @@ class Hierarchy:
             raise
 
     def release(self, request_id: str) -> None:
+        """Free the request in every group, or (an error naming why) in none: every group's
+        precondition is checked first; a host close that fails in one group still frees
+        the others, and the first such error is raised after."""
         groups = [g for g in self.groups.values() if request_id in g.requests]
         if not groups:
             raise NotFound(f"request_id={request_id!r} is not admitted")
         for group in groups:
-            release(group, request_id)
+            check_release(group, request_id)
+        failed: Exception | None = None
+        for group in groups:
+            try:
+                release(group, request_id)
+            except Exception as exc:  # the group is freed; its host close failed
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
     def readers_finished(self) -> None:
         """Every reader of every resolve so far has finished (all groups)."""
