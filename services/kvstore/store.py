@@ -145,6 +145,7 @@ class KVStore:
         check_shape(row_bytes, num_rows, o.max_chunk_bytes)
         lease = check_lease(lease_seconds, o.default_lease_seconds, o.max_lease_seconds)
         with self._lock:
+            self.expire()  # a history whose lease ran out is gone, swept or not (as _owned)
             if (h := self._histories.get(key)) is not None:
                 info = self._reattach(h, key, owner, row_bytes, num_rows, lease, attach)
                 return info, bool(open_id) and h.record.open_id == open_id
@@ -302,6 +303,7 @@ class KVStore:
             if keys:
                 chosen = [self._owned(rid, sid, owner)[0] for rid, sid in keys]
             else:
+                self.expire()  # out of lease is gone, swept or not: never extended again
                 chosen = [k for k, h in self._histories.items() if h.record.owner == owner]
             deadline = self._clock() + lease
             self._persist_leases(chosen, deadline)

@@ -230,6 +230,26 @@ def test_lease_expiry_frees_memory(store: KVStore, clock: Clock, prefix: str) ->
     assert_no_segments(prefix)
 
 
+def test_a_lease_run_out_is_never_extended_again(store: KVStore, clock: Clock,
+                                                 prefix: str) -> None:
+    """Out of lease and not yet swept, a history is gone for every call alike: a renewal
+    of all the owner's histories skips it, an attach-open creates a fresh one (as write,
+    commit and renew by key refuse it)."""
+    store.open("a", 0, "w0", 64, 16, lease_seconds=10)
+    store.open("b", 0, "w0", 64, 16, lease_seconds=10)
+    store.open("c", 0, "w0", 64, 16, lease_seconds=100)
+    clock.now += 11
+    assert store.renew("w0")[0] == 1
+    assert sorted(h.request_id for h in store.histories()) == ["c"]
+    store.open("d", 0, "w0", 64, 16, lease_seconds=10)
+    clock.now += 11
+    _, created = store.open("d", 0, "w0", 64, 16, attach=True)
+    assert created and store.stats().lease_expiries_total == 3
+    for rid in ("c", "d"):
+        store.close_history(rid, 0, "w0")
+    assert_no_segments(prefix)
+
+
 def test_capacity_exhaustion_then_recovery_after_close(prefix: str, clock: Clock) -> None:
     s = KVStore(options(prefix, capacity=64 * 4096), clock)
     for i in range(4):
