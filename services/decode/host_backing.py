@@ -69,10 +69,13 @@ class RetryingProvider:
     """``HostBackingProvider`` over a :class:`KVStoreClient` with retries (see module doc)."""
 
     def __init__(self, client: KVStoreClient, retry_seconds: float = 60.0,
-                 backoff_s: float = 0.1) -> None:
+                 backoff_s: float = 0.1, close_timeout_s: float = 1.0) -> None:
         self.client = client
         self.retry_seconds = retry_seconds
         self.backoff_s = backoff_s
+        # a close waits at most this long for the store (then it is deferred): the engine
+        # thread releases, and an open waits behind the closer's attempt
+        self.close_timeout_s = close_timeout_s
         self.retries = 0
         self._deferred: list[tuple[str, int]] = []
         self._lock = threading.Lock()
@@ -109,10 +112,12 @@ class RetryingProvider:
 
     def close(self, request_id: str, source_id: int) -> None:
         """Free the history now, or later from a background thread when the store cannot
-        answer (down, restarting, slow): a release never waits for the store and never
-        fails for it. NotFound means its lease ran out meanwhile: it is freed already."""
+        answer (down, restarting, slow): a release waits for the store at most
+        ``close_timeout_s`` per history (it used to wait the client's 10 s RPC timeout) and
+        never fails for it. NotFound means its lease ran out meanwhile: it is freed
+        already."""
         try:
-            self.client.close(request_id, source_id)
+            self.client.close(request_id, source_id, timeout=self.close_timeout_s)
         except NotFound:
             pass
         except DHiSparseError as exc:
@@ -135,7 +140,7 @@ class RetryingProvider:
         todo, self._deferred = self._deferred, []
         for i, key in enumerate(todo):
             try:
-                self.client.close(*key)
+                self.client.close(*key, timeout=self.close_timeout_s)
             except NotFound:
                 pass                      # its lease expired meanwhile: already freed
             except Exception as exc:      # anything else: keep the rest for next time

@@ -202,11 +202,12 @@ class KVStoreClient:
             self._open[key] = h
         return h
 
-    def close(self, request_id: str, source_id: int) -> None:
+    def close(self, request_id: str, source_id: int, timeout: float | None = None) -> None:
         """Free the history in the store and unmap it here. The mapping goes also when the
-        store says NotFound (its lease ran out: the history is gone there)."""
+        store says NotFound (its lease ran out: the history is gone there). ``timeout``
+        replaces the client's RPC timeout for this call."""
         try:
-            self.rpc.close(request_id, source_id, self.owner)
+            self.rpc.close(request_id, source_id, self.owner, timeout)
         except NotFound:
             self._unmap(request_id, source_id)
             raise

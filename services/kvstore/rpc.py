@@ -72,10 +72,11 @@ class KVStoreRPC:
         self.stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
         self.metadata = token_metadata(token)
 
-    def _call(self, fn: Callable[..., T], request: Any, wait: bool = False) -> T:
+    def _call(self, fn: Callable[..., T], request: Any, wait: bool = False,
+              timeout: float | None = None) -> T:
         try:
-            return fn(request, timeout=self.timeout, metadata=self.metadata,
-                      wait_for_ready=wait)
+            return fn(request, timeout=self.timeout if timeout is None else timeout,
+                      metadata=self.metadata, wait_for_ready=wait)
         except grpc.RpcError as e:
             raise domain_error(e) from None
 
@@ -100,9 +101,10 @@ class KVStoreRPC:
             ranges=[pb.RowRange(start=a, stop=b) for a, b in ranges]))
         return ranges_of(resp.backed)
 
-    def close(self, request_id: str, source_id: int, owner: str) -> int:
+    def close(self, request_id: str, source_id: int, owner: str,
+              timeout: float | None = None) -> int:
         return self._call(self.stub.CloseHistory, pb.CloseHistoryRequest(
-            key=key_pb(request_id, source_id), owner=owner)).freed_bytes
+            key=key_pb(request_id, source_id), owner=owner), timeout=timeout).freed_bytes
 
     def renew(self, owner: str, keys: list[tuple[str, int]] | None = None,
               lease_seconds: float = 0.0) -> pb.RenewLeaseResponse:

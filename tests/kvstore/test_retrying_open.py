@@ -31,7 +31,7 @@ class LosingClient:
             raise Unavailable("kvstore went away before replying")
         return SimpleNamespace(created=created)
 
-    def close(self, request_id: str, source_id: int) -> None:
+    def close(self, request_id: str, source_id: int, timeout: float | None = None) -> None:
         self.store.close_history(request_id, source_id, "w0")
 
     def shutdown(self) -> None:
@@ -60,10 +60,12 @@ class FlakyCloser:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
+        self.timeouts: set[float | None] = set()
         self.mode = "ok"
 
-    def close(self, request_id: str, source_id: int) -> None:
+    def close(self, request_id: str, source_id: int, timeout: float | None = None) -> None:
         self.calls.append((request_id, source_id))
+        self.timeouts.add(timeout)
         if self.mode == "down":
             raise Unavailable("kvstore down")
         if self.mode == "slow":
@@ -95,6 +97,9 @@ def test_closes_are_deferred_on_any_store_error_and_survive_them() -> None:
         client.mode = "ok"
         wait_for(lambda: provider.deferred == 0, 5, "every deferred close through")
         assert ("b", 0) in client.calls[-2:] and provider._closer.is_alive()
+        # a stalled store holds a release (or an open behind the closer) for the short
+        # close timeout, not the client's RPC timeout
+        assert client.timeouts == {provider.close_timeout_s} and provider.close_timeout_s <= 1
     finally:
         provider.shutdown()
 
