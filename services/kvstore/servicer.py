@@ -69,9 +69,12 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     @_counted
     async def OpenHistory(self, request: pb.OpenHistoryRequest, context: Any
                           ) -> pb.OpenHistoryResponse:
-        info, created = self.store.open(
-            request.key.request_id, request.key.source_id, request.owner, request.row_bytes,
-            request.num_rows, request.lease_seconds, request.attach, request.open_id)
+        # off the event loop: allocating a large segment takes seconds, and the loop serves
+        # every other call (renewals) and the lease sweep meanwhile
+        info, created = await asyncio.to_thread(
+            self.store.open, request.key.request_id, request.key.source_id, request.owner,
+            request.row_bytes, request.num_rows, request.lease_seconds, request.attach,
+            request.open_id)
         return pb.OpenHistoryResponse(history=history_pb(info), attached=not created,
                                       max_chunk_bytes=self.store.options.max_chunk_bytes)
 

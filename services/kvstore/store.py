@@ -115,6 +115,10 @@ class KVStore:
         self.options = options
         self._clock = clock
         self._lock = threading.RLock()
+        # keys whose segment is being allocated outside the lock (their bytes counted in
+        # _used); a second open of one waits on _opened until the first one is done
+        self._opening: set[HistoryKey] = set()
+        self._opened = threading.Condition(self._lock)
         self._histories: dict[HistoryKey, _History] = {}
         self._leases = LeaseTable()
         self._used = 0
@@ -144,31 +148,44 @@ class KVStore:
         o = self.options
         check_shape(row_bytes, num_rows, o.max_chunk_bytes)
         lease = check_lease(lease_seconds, o.default_lease_seconds, o.max_lease_seconds)
+        size = segment_bytes(row_bytes, num_rows)
+        name = segment_name(o.prefix, request_id, source_id)
         with self._lock:
+            self._opened.wait_for(lambda: key not in self._opening)  # the same key's open
             self.expire()  # a history whose lease ran out is gone, swept or not (as _owned)
             if (h := self._histories.get(key)) is not None:
                 info = self._reattach(h, key, owner, row_bytes, num_rows, lease, attach)
                 return info, bool(open_id) and h.record.open_id == open_id
-            size = segment_bytes(row_bytes, num_rows)
             if self._used + size > o.capacity:
                 raise ResourceExhausted(
                     f"history {request_id}/{source_id} needs {size} bytes; "
                     f"{o.capacity - self._used} of capacity={o.capacity} are free")
-            name = segment_name(o.prefix, request_id, source_id)
-            deadline = self._clock() + lease
+            self._used += size  # reserved: the segment is allocated outside the lock
+            self._opening.add(key)
+        seg: Segment | None = None
+        try:
+            # posix_fallocate of a large segment takes seconds: renewals, reads and writes
+            # of other histories go on meanwhile
             seg = Segment.create(o.shm_dir / name, size, o.preallocate)
-            record = HistoryRecord(request_id, source_id, owner, row_bytes, num_rows,
-                                   name, size, deadline, open_id=open_id)
-            try:
+            with self._lock:
+                deadline = self._clock() + lease
+                record = HistoryRecord(request_id, source_id, owner, row_bytes, num_rows,
+                                       name, size, deadline, open_id=open_id)
                 self._manifest.save(record)
-            except BaseException:
+                h = _History(record, seg, RangeSet(), next(self._generations))
+                self._histories[key] = h
+                self._leases.renew(key, deadline)
+                return h.info(deadline), True
+        except BaseException:
+            if seg is not None:
                 seg.destroy()
-                raise
-            h = _History(record, seg, RangeSet(), next(self._generations))
-            self._histories[key] = h
-            self._leases.renew(key, deadline)
-            self._used += size
-            return h.info(deadline), True
+            with self._lock:
+                self._used -= size
+            raise
+        finally:
+            with self._lock:
+                self._opening.discard(key)
+                self._opened.notify_all()
 
     def _reattach(self, h: _History, key: HistoryKey, owner: str, row_bytes: int,
                   num_rows: int, lease: float, attach: bool) -> HistoryInfo:

@@ -250,6 +250,51 @@ def test_a_lease_run_out_is_never_extended_again(store: KVStore, clock: Clock,
     assert_no_segments(prefix)
 
 
+def test_a_slow_segment_allocation_holds_no_other_history(store: KVStore, clock: Clock,
+                                                           prefix: str, monkeypatch) -> None:
+    """A large open allocates its segment outside the store lock: another owner's renewal
+    and a failed open of a third key are served meanwhile (a stalled renewal let live
+    leases run out); its bytes are reserved against capacity; a retry of the same open
+    waits for it and learns it created the history."""
+    import threading
+
+    from services.kvstore import store as store_mod
+
+    store.open("other", 0, "w1", 64, 16)
+    gate, entered = threading.Event(), threading.Event()
+    create = store_mod.Segment.create
+
+    def slow_create(path, size, preallocate=True):
+        entered.set()
+        assert gate.wait(10)
+        return create(path, size, preallocate)
+
+    monkeypatch.setattr(store_mod.Segment, "create", slow_create)
+    results: dict[str, object] = {}
+    first = threading.Thread(target=lambda: results.setdefault(
+        "first", store.open("big", 0, "w0", 64, 1024, open_id="t1")))
+    first.start()
+    assert entered.wait(10)
+    assert store.renew("w1")[0] == 1  # served while the segment is being allocated
+    free = store.options.capacity - store.stats().used_bytes
+    with pytest.raises(ResourceExhausted, match="needs"):
+        store.open("huge", 0, "w2", 64, free // 64 + 1)
+    retry = threading.Thread(target=lambda: results.setdefault(
+        "retry", store.open("big", 0, "w0", 64, 1024, attach=True, open_id="t1")))
+    retry.start()
+    retry.join(0.3)
+    assert retry.is_alive() and "retry" not in results  # waits for the first open
+    gate.set()
+    first.join(10)
+    retry.join(10)
+    assert results["first"][1] and results["retry"][1]  # type: ignore[index]
+    assert store.stats().histories == 2
+    for rid, owner in (("big", "w0"), ("other", "w1")):
+        store.close_history(rid, 0, owner)
+    assert store.stats().used_bytes == 0
+    assert_no_segments(prefix)
+
+
 def test_capacity_exhaustion_then_recovery_after_close(prefix: str, clock: Clock) -> None:
     s = KVStore(options(prefix, capacity=64 * 4096), clock)
     for i in range(4):
