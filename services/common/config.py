@@ -102,6 +102,10 @@ C = TypeVar("C", bound="ServiceConfig")
 class ServiceConfig:
     """What every service accepts: bind address, metrics port, TLS, bearer token, logs."""
 
+    # fields whose variable is not DHISPARSE_<FIELD>: ``dhisparse up`` hands one environment
+    # to every service, so a variable must mean one thing in all of them
+    ENV_NAMES: typing.ClassVar[dict[str, str]] = {}
+
     host: str = "127.0.0.1"
     port: int = 0
     metrics_port: int | None = None
@@ -130,6 +134,11 @@ class ServiceConfig:
         check_positive("grace_seconds", self.grace_seconds, allow_zero=True)
 
     @classmethod
+    def env_var(cls, field: str) -> str:
+        """The environment variable of ``field`` (``env_name`` unless ENV_NAMES says)."""
+        return ENV_PREFIX + cls.ENV_NAMES.get(field, field.upper())
+
+    @classmethod
     def load(
         cls: type[C],
         overrides: Mapping[str, Any] | None = None,
@@ -140,7 +149,7 @@ class ServiceConfig:
         hints = typing.get_type_hints(cls)
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            var = env_name(f.name)
+            var = cls.env_var(f.name)
             if overrides is not None and overrides.get(f.name) is not None:
                 values[f.name] = _convert(f"--{f.name.replace('_', '-')}", overrides[f.name],
                                           hints[f.name])

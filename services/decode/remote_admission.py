@@ -337,14 +337,14 @@ class RemoteAdmission:
     def _session_once(self) -> None:
         hello = self._hello()
         reply = self._stub.RegisterWorker(hello, timeout=5.0, metadata=self._metadata)
-        new_epoch = reply.epoch != self.epoch
-        self.epoch = reply.epoch
+        with self._lock:  # before any call that can fail: a retry would see the epoch as old
+            if reply.epoch != self.epoch:
+                self._forget_commands()
+            self.epoch = reply.epoch
         self._release_strangers()
         heartbeat = min(1.0, max(0.05, reply.heartbeat_timeout_s / 4))
         out: queue.Queue[pb.WorkerReport | None] = queue.Queue()
         with self._lock:
-            if new_epoch:
-                self._forget_commands()
             self._out = out
         call = self._stub.Session(self._reports(self._hello(), out, heartbeat),
                                   metadata=self._metadata)

@@ -203,15 +203,15 @@ class KVStoreClient:
         return h
 
     def close(self, request_id: str, source_id: int, timeout: float | None = None) -> None:
-        """Free the history in the store and unmap it here. The mapping goes also when the
-        store says NotFound (its lease ran out: the history is gone there). ``timeout``
-        replaces the client's RPC timeout for this call."""
+        """Free the history in the store and unmap it here. The mapping goes whatever the
+        store answers: NotFound (its lease ran out: the history is gone there), or no answer
+        in time (the close may have gone through: a later ``open`` asks the store again
+        instead of handing out a mapping of a freed history). ``timeout`` replaces the
+        client's RPC timeout for this call."""
         try:
             self.rpc.close(request_id, source_id, self.owner, timeout)
-        except NotFound:
+        finally:
             self._unmap(request_id, source_id)
-            raise
-        self._unmap(request_id, source_id)
 
     def _unmap(self, request_id: str, source_id: int) -> None:
         with self._lock:

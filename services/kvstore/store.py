@@ -152,7 +152,7 @@ class KVStore:
         name = segment_name(o.prefix, request_id, source_id)
         with self._lock:
             self._opened.wait_for(lambda: key not in self._opening)  # the same key's open
-            self.expire()  # a history whose lease ran out is gone, swept or not (as _owned)
+            self._expire_key(key)  # a lease run out is gone, swept or not (as in _owned)
             if (h := self._histories.get(key)) is not None:
                 info = self._reattach(h, key, owner, row_bytes, num_rows, lease, attach)
                 return info, bool(open_id) and h.record.open_id == open_id
@@ -320,8 +320,9 @@ class KVStore:
             if keys:
                 chosen = [self._owned(rid, sid, owner)[0] for rid, sid in keys]
             else:
-                self.expire()  # out of lease is gone, swept or not: never extended again
-                chosen = [k for k, h in self._histories.items() if h.record.owner == owner]
+                now = self._clock()  # out of lease is gone, swept or not: never extended
+                chosen = [k for k, h in self._histories.items()
+                          if h.record.owner == owner and self._leases.deadline(k) > now]
             deadline = self._clock() + lease
             self._persist_leases(chosen, deadline)
             return len(chosen), deadline
@@ -367,6 +368,14 @@ class KVStore:
                     self._leases.renew(key, now)
                 self._expiries += len(freed)
             return freed
+
+    def _expire_key(self, key: HistoryKey) -> None:
+        """(Lock held.) Free ``key``'s history if its lease ran out, leaving every other
+        history to the sweep (a history that cannot be freed fails only its own calls)."""
+        if key in self._histories and self._leases.deadline(key) <= self._clock():
+            log.warning("lease of history %s/%s expired; freeing it", *key)
+            self._free(key)
+            self._expiries += 1
 
     # -- queries ---------------------------------------------------------------------
 

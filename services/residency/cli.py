@@ -47,12 +47,11 @@ def status_address(address: str | None, state_dir: Path) -> str:
     ``state_dir/cluster.json`` (it picks free ports), else DEFAULT_ADDRESS."""
     if address:
         return address
-    path = state_dir / "cluster.json"
-    if path.exists():
-        endpoint = json.loads(path.read_text()).get("residency", {}).get("grpc")
-        if endpoint:
-            return str(endpoint)
-    return DEFAULT_ADDRESS
+    try:  # absent or unreadable (a cluster that never started): the default
+        endpoint = json.loads((state_dir / "cluster.json").read_text())["residency"]["grpc"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_ADDRESS
+    return str(endpoint)
 
 
 def status_command(

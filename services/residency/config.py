@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from services.common.config import ServiceConfig, check_positive, env_name
+from services.common.config import ServiceConfig, check_positive
 from services.common.errors import ConfigError
 from services.residency.core.model import PolicyConfig, PolicyKind, ReclaimOrder
 
@@ -12,6 +13,8 @@ from services.residency.core.model import PolicyConfig, PolicyKind, ReclaimOrder
 @dataclass(slots=True)
 class ResidencyConfig(ServiceConfig):
     """One controller per cluster. Policy fields map onto :class:`PolicyConfig`."""
+
+    ENV_NAMES: ClassVar[dict[str, str]] = {"policy": "RESIDENCY_POLICY"}  # workers': POLICY
 
     port: int = 50052
     policy: str = PolicyKind.WHOLE_REQUEST.value
@@ -29,7 +32,7 @@ class ResidencyConfig(ServiceConfig):
         for name, enum in (("policy", PolicyKind), ("reclaim_order", ReclaimOrder)):
             allowed = [e.value for e in enum]
             if getattr(self, name) not in allowed:
-                raise ConfigError(f"{env_name(name)}={getattr(self, name)!r}: expected one of "
+                raise ConfigError(f"{self.env_var(name)}={getattr(self, name)!r}: expected one of "
                                   f"{', '.join(allowed)}")
         for name in ("heartbeat_timeout_seconds", "tick_seconds", "request_slots"):
             check_positive(name, getattr(self, name))

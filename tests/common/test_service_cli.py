@@ -65,17 +65,25 @@ def test_a_service_variable_means_one_thing_across_the_services() -> None:
     """``dhisparse up`` hands its environment to every service: beyond the contract flags
     every service takes, a ``DHISPARSE_*`` variable belongs to one service (residency's
     policy once read DHISPARSE_POLICY, the workers' policy variable, and crashed on it)."""
+    import dataclasses
     import inspect
 
     from services.decode.cli import command as decode
+    from services.decode.config import DecodeConfig
     from services.kvstore.cli import command as kvstore
+    from services.kvstore.config import KVStoreConfig
     from services.residency.cli import command as residency
+    from services.residency.config import ResidencyConfig
 
     owners: dict[str, set[str]] = {}
     common: set[str] | None = None
-    for name, cmd in (("kvstore", kvstore), ("residency", residency), ("decode", decode)):
+    for name, cmd, config in (("kvstore", kvstore, KVStoreConfig),
+                              ("residency", residency, ResidencyConfig),
+                              ("decode", decode, DecodeConfig)):
         envs = {getattr(p.default, "envvar", None)
                 for p in inspect.signature(cmd).parameters.values()} - {None}
+        # the config's own reading of the environment (flags left unset) as well
+        envs |= {config.env_var(f.name) for f in dataclasses.fields(config)}
         common = envs if common is None else common & envs
         for env in envs:
             owners.setdefault(env, set()).add(name)
@@ -96,3 +104,5 @@ def test_status_finds_the_controller_of_the_cluster_up_started(tmp_path) -> None
         "kvstore": {"grpc": "127.0.0.1:41001"}, "residency": {"grpc": "127.0.0.1:41002"}}))
     assert status_address(None, tmp_path) == "127.0.0.1:41002"
     assert status_address("10.0.0.1:50052", tmp_path) == "10.0.0.1:50052"
+    (tmp_path / "cluster.json").write_text("{not json")
+    assert status_address(None, tmp_path) == DEFAULT_ADDRESS

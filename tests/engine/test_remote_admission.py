@@ -267,3 +267,57 @@ def test_a_replaced_controllers_commands_are_not_run() -> None:
         assert not adm.current(held) and adm.take_commands() == []
     finally:
         adm.close()
+
+
+def test_a_new_controller_is_recognised_even_if_the_session_setup_then_fails() -> None:
+    """RegisterWorker reaches a new controller, then the stranger check (GetState) fails:
+    the retry must still treat the old controller's commands as gone (the epoch was taken
+    before the forget once, so a failed setup kept them current for good)."""
+    import grpc
+
+    from services.residency.core import Command, CommandKind
+
+    class Unavailable(grpc.RpcError, grpc.Call):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return "controller restarting (test)"
+
+    class SessionOpened(Exception):
+        pass
+
+    adm = RemoteAdmission("127.0.0.1:1", WorkerPool("w", "x", 10, 0, 2, 8, 8), lambda live: [])
+    adm._stop.set()  # the session thread stays out of the way
+    try:
+        adm.epoch = 111
+        adm._live["r"] = RemoteTicket("r", 1, 0, time.monotonic() + 5)
+        held = Command((111 << 32) + 1, CommandKind.POPULATE, "w", "r", 2)
+        adm._commands.append(held)
+        assert adm.take_commands() == [held]
+        adm._commands.append(Command((111 << 32) + 2, CommandKind.RETIRE, "w", "r", 1))
+        get_states = []
+
+        def get_state(*a, **kw):
+            get_states.append(1)
+            if len(get_states) == 1:
+                raise Unavailable()
+            return pb.GetStateResponse()
+
+        def session(*a, **kw):
+            raise SessionOpened()
+
+        class Stub:
+            RegisterWorker = staticmethod(lambda *a, **kw: pb.RegisterWorkerResponse(
+                epoch=222, heartbeat_timeout_s=10))
+            GetState = staticmethod(get_state)
+            Session = staticmethod(session)
+
+        adm._stub = Stub()
+        with pytest.raises(grpc.RpcError):
+            adm._session_once()
+        with pytest.raises(SessionOpened):
+            adm._session_once()
+        assert adm.epoch == 222 and not adm.current(held) and adm.take_commands() == []
+    finally:
+        adm.close()

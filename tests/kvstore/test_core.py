@@ -239,7 +239,8 @@ def test_a_lease_run_out_is_never_extended_again(store: KVStore, clock: Clock,
     store.open("b", 0, "w0", 64, 16, lease_seconds=10)
     store.open("c", 0, "w0", 64, 16, lease_seconds=100)
     clock.now += 11
-    assert store.renew("w0")[0] == 1
+    assert store.renew("w0")[0] == 1  # c only: a and b are left to the sweep
+    assert sorted(k[0] for k in store.expire()) == ["a", "b"]
     assert sorted(h.request_id for h in store.histories()) == ["c"]
     store.open("d", 0, "w0", 64, 16, lease_seconds=10)
     clock.now += 11
@@ -248,6 +249,32 @@ def test_a_lease_run_out_is_never_extended_again(store: KVStore, clock: Clock,
     for rid in ("c", "d"):
         store.close_history(rid, 0, "w0")
     assert_no_segments(prefix)
+
+
+def test_a_history_that_cannot_be_freed_fails_only_its_own_calls(
+        store: KVStore, clock: Clock, monkeypatch) -> None:
+    """An expired history whose free fails (the manifest's disk) stays due for the sweep;
+    opens of other keys and renewals of other histories go on."""
+    store.open("a", 0, "w0", 64, 16, lease_seconds=10)
+    store.open("b", 0, "w1", 64, 16, lease_seconds=100)
+    seg_a = store.info("a", 0).segment_path.rsplit("/", 1)[-1]
+    remove = store._manifest.remove
+
+    def failing_remove(segment: str) -> None:
+        if segment == seg_a:
+            raise OSError(5, "EIO (test)")
+        remove(segment)
+
+    monkeypatch.setattr(store._manifest, "remove", failing_remove)
+    clock.now += 11
+    with pytest.raises(OSError):
+        store.expire()
+    store.open("c", 0, "w1", 64, 16)
+    assert store.renew("w1")[0] == 2 and store.renew("w0")[0] == 0
+    monkeypatch.setattr(store._manifest, "remove", remove)
+    assert store.expire() == [("a", 0)]
+    for rid in ("b", "c"):
+        store.close_history(rid, 0, "w1")
 
 
 def test_a_slow_segment_allocation_holds_no_other_history(store: KVStore, clock: Clock,

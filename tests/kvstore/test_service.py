@@ -124,6 +124,31 @@ def test_close_of_a_history_freed_meanwhile_still_unmaps(server: StoreProcess,
         assert h.closed  # the mapping does not outlive the history
 
 
+def test_a_close_without_an_answer_unmaps_so_a_reopen_asks_the_store(
+        server: StoreProcess, rpc: KVStoreRPC, monkeypatch) -> None:
+    """A close that timed out may have gone through: the mapping goes with it, so a later
+    open of the key asks the store (a fresh history here) instead of handing out the
+    mapping of a freed one."""
+    from services.common.errors import DeadlineExceeded
+
+    with KVStoreClient(server.target, OWNER, register_cuda=False) as client:
+        h = client.open("late", 0, 656, 8)
+        real = client.rpc.close
+
+        def late_close(*a, **kw):
+            real(*a, **kw)  # the store closes it; the answer comes too late
+            raise DeadlineExceeded("kvstore did not answer in time (test)")
+
+        monkeypatch.setattr(client.rpc, "close", late_close)
+        with pytest.raises(DeadlineExceeded):
+            client.close("late", 0)
+        monkeypatch.setattr(client.rpc, "close", real)
+        assert h.closed
+        again = client.open("late", 0, 656, 8)
+        assert again is not h and again.created
+        client.close("late", 0)
+
+
 def test_open_whose_mapping_fails_frees_what_it_created(
         server: StoreProcess, rpc: KVStoreRPC, monkeypatch: pytest.MonkeyPatch) -> None:
     """The store created the history but this process could not map it: the client frees it
