@@ -264,16 +264,21 @@ class DecodeWorker:
     def _check_id_fits(self, client_id: str) -> None:
         """The engine's id (this worker's prefix + the client's) must fit the kvstore's and
         the controller's id limit: refused here, not after the admission was granted."""
-        prefix = f"{self.worker_id}.{self.incarnation}.{self._submitted + 1}:"
+        prefix = self._next_prefix()
         if len(client_id) > MAX_ID_LEN - len(prefix):
             raise errors.InvalidArgument(
                 f"request_id has {len(client_id)} characters; the limit on worker "
                 f"{self.worker_id} is {MAX_ID_LEN - len(prefix)} ({MAX_ID_LEN} less the "
                 f"{len(prefix)} of its prefix {prefix!r})")
 
+    def _next_prefix(self) -> str:
+        """What the next submission's engine id starts with."""
+        return f"{self.worker_id}.{self.incarnation}.{self._submitted + 1}:"
+
     def _engine_id(self, client_id: str) -> str:
+        prefix = self._next_prefix()
         self._submitted += 1
-        return safe_id(f"{self.worker_id}.{self.incarnation}.{self._submitted}:{client_id}")
+        return safe_id(prefix + client_id)
 
     def _submit(self, spec: GenerateSpec, stream: ClientStream) -> ClientStream:
         client_id = spec.request_id

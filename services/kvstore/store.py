@@ -428,7 +428,7 @@ class KVStore:
         if self._leases.deadline(key) <= self._clock():
             # the lease ran out before the sweeper came by: the history is already lost to
             # its owner, so nothing may be written or committed to it any more
-            self.expire()
+            self._expire_key(key)
             raise NotFound(f"history request_id={request_id!r} source_id={source_id}: its "
                            f"lease expired")
         return key, h

@@ -1,4 +1,5 @@
-"""Fixtures: unique store prefixes whose /dev/shm files are removed (and checked)."""
+"""Fixtures: unique store prefixes whose /dev/shm files are removed (and checked), an
+in-process store on a hand-moved clock, a store process."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.kvstore.harness import StoreProcess, remove_store_files, unique_prefix
+from services.kvstore.store import KVStore
+from tests.kvstore.harness import Clock, StoreProcess, options, remove_store_files, unique_prefix
 
 
 @pytest.fixture
@@ -23,3 +25,15 @@ def store_proc(prefix: str, tmp_path: Path) -> Iterator[StoreProcess]:
     proc = StoreProcess(prefix, tmp_path).start()
     yield proc
     assert proc.stop() == 0, proc.log.read_text()[-3000:]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(prefix: str, clock: Clock) -> Iterator[KVStore]:
+    s = KVStore(options(prefix), clock)
+    yield s
+    s.shutdown()

@@ -11,8 +11,26 @@ import time
 import uuid
 from pathlib import Path
 
+from services.kvstore.store import StoreOptions
+
 REPO = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
+
+
+class Clock:
+    """A store clock the test moves by hand (``now`` in wall-clock seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def options(prefix: str, capacity: int = 1 << 20, **kw: object) -> StoreOptions:
+    """In-process store options of ``prefix`` in /dev/shm."""
+    return StoreOptions(capacity=capacity, shm_dir=SHM, prefix=prefix,
+                        manifest_dir=SHM / f"{prefix}.manifest", **kw)  # type: ignore[arg-type]
 
 
 def unique_prefix(tag: str = "t") -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,33 +19,8 @@ from services.common.errors import (
 )
 from services.kvstore.ranges import RangeSet
 from services.kvstore.segments import segment_name
-from services.kvstore.store import KVStore, StoreOptions
-from tests.kvstore.harness import SHM, assert_no_segments, segments
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def options(prefix: str, capacity: int = 1 << 20, **kw: object) -> StoreOptions:
-    return StoreOptions(capacity=capacity, shm_dir=SHM, prefix=prefix,
-                        manifest_dir=SHM / f"{prefix}.manifest", **kw)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def store(prefix: str, clock: Clock) -> Iterator[KVStore]:
-    s = KVStore(options(prefix), clock)
-    yield s
-    s.shutdown()
+from services.kvstore.store import KVStore
+from tests.kvstore.harness import SHM, Clock, assert_no_segments, options, segments
 
 
 def snapshot(s: KVStore) -> tuple:
@@ -213,68 +187,6 @@ def test_recovery_drops_records_without_segment(prefix: str, clock: Clock) -> No
     again = KVStore(options(prefix), clock)
     assert again.stats().histories == 0 and again.stats().used_bytes == 0
     assert_no_segments(prefix)
-
-
-def test_lease_expiry_frees_memory(store: KVStore, clock: Clock, prefix: str) -> None:
-    store.open("short", 0, "w0", 64, 64, lease_seconds=2)
-    store.open("long", 0, "w1", 64, 64, lease_seconds=10)
-    clock.now += 1
-    assert store.renew("w0") == (1, clock.now + store.options.default_lease_seconds)
-    store.renew("w0", [("short", 0)], lease_seconds=2)  # never shortens a lease
-    clock.now += 30
-    assert store.expire() == [("long", 0)]
-    assert store.stats().histories == 1 and store.stats().lease_expiries_total == 1
-    clock.now += 60
-    assert store.expire() == [("short", 0)]
-    assert store.stats().used_bytes == 0
-    assert_no_segments(prefix)
-
-
-def test_a_lease_run_out_is_never_extended_again(store: KVStore, clock: Clock,
-                                                 prefix: str) -> None:
-    """Out of lease and not yet swept, a history is gone for every call alike: a renewal
-    of all the owner's histories skips it, an attach-open creates a fresh one (as write,
-    commit and renew by key refuse it)."""
-    store.open("a", 0, "w0", 64, 16, lease_seconds=10)
-    store.open("b", 0, "w0", 64, 16, lease_seconds=10)
-    store.open("c", 0, "w0", 64, 16, lease_seconds=100)
-    clock.now += 11
-    assert store.renew("w0")[0] == 1  # c only: a and b are left to the sweep
-    assert sorted(k[0] for k in store.expire()) == ["a", "b"]
-    assert sorted(h.request_id for h in store.histories()) == ["c"]
-    store.open("d", 0, "w0", 64, 16, lease_seconds=10)
-    clock.now += 11
-    _, created = store.open("d", 0, "w0", 64, 16, attach=True)
-    assert created and store.stats().lease_expiries_total == 3
-    for rid in ("c", "d"):
-        store.close_history(rid, 0, "w0")
-    assert_no_segments(prefix)
-
-
-def test_a_history_that_cannot_be_freed_fails_only_its_own_calls(
-        store: KVStore, clock: Clock, monkeypatch) -> None:
-    """An expired history whose free fails (the manifest's disk) stays due for the sweep;
-    opens of other keys and renewals of other histories go on."""
-    store.open("a", 0, "w0", 64, 16, lease_seconds=10)
-    store.open("b", 0, "w1", 64, 16, lease_seconds=100)
-    seg_a = store.info("a", 0).segment_path.rsplit("/", 1)[-1]
-    remove = store._manifest.remove
-
-    def failing_remove(segment: str) -> None:
-        if segment == seg_a:
-            raise OSError(5, "EIO (test)")
-        remove(segment)
-
-    monkeypatch.setattr(store._manifest, "remove", failing_remove)
-    clock.now += 11
-    with pytest.raises(OSError):
-        store.expire()
-    store.open("c", 0, "w1", 64, 16)
-    assert store.renew("w1")[0] == 2 and store.renew("w0")[0] == 0
-    monkeypatch.setattr(store._manifest, "remove", remove)
-    assert store.expire() == [("a", 0)]
-    for rid in ("b", "c"):
-        store.close_history(rid, 0, "w1")
 
 
 def test_a_slow_segment_allocation_holds_no_other_history(store: KVStore, clock: Clock,

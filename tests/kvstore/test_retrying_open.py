@@ -11,8 +11,7 @@ from services.common.errors import DeadlineExceeded, NotFound, Unavailable
 from services.decode.host_backing import RetryingProvider
 from services.kvstore.store import KVStore
 from tests.cluster.harness import wait_for
-from tests.kvstore.harness import assert_no_segments
-from tests.kvstore.test_core import Clock, options
+from tests.kvstore.harness import Clock, assert_no_segments, options
 
 
 class LosingClient:

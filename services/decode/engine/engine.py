@@ -151,11 +151,10 @@ class Engine:
             raise InvalidArgument(
                 f"prompt ({prompt_len}) + max_new_tokens ({spec.max_new_tokens}) + K_max "
                 f"({cfg.k_max}) exceeds max_context={cfg.max_context}")
-        bad = (next(((i, t) for i, t in enumerate(spec.prompt) if not 0 <= t < cfg.model.vocab),
-                    None) if spec.prompt is not None else None)
-        if bad is not None:
-            raise InvalidArgument(f"prompt[{bad[0]}]={bad[1]}: prompt tokens must lie in "
-                                  f"0..{cfg.model.vocab - 1}")
+        for i, t in enumerate(spec.prompt or ()):
+            if not 0 <= t < cfg.model.vocab:
+                raise InvalidArgument(f"prompt[{i}]={t}: prompt tokens must lie in "
+                                      f"0..{cfg.model.vocab - 1}")
         max_rows = prompt_len + spec.max_new_tokens + cfg.k_max
         need, room = cfg.required_pages_for(max_rows), cfg.num_pages - cfg.reserve_pages
         if need > room:
