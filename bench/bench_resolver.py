@@ -98,6 +98,7 @@ def command(
         | {
             "victim_select": kres_select(),
             "lookup_blocks": os.environ.get("DHISPARSE_LOOKUP_BLOCKS", "auto"),
+            "lookup_hits": os.environ.get("DHISPARSE_LOOKUP_HITS", "auto"),
             "copy_blocks": os.environ.get("DHISPARSE_COPY_BLOCKS", "auto"),
             "pdl": os.environ.get("DHISPARSE_PDL", "1"),
         },

@@ -21,6 +21,7 @@ from services.decode.hierarchy.counters import SelectionCounts
 from services.decode.hierarchy.group import SourceGroup
 from services.decode.hierarchy.promotion import live_blocks, promote_wave, released_waves
 from services.decode.hierarchy.promotion import release_staging as ref_release_staging
+from services.decode.hierarchy.request import rank_words
 
 from ._loader import vec_width
 from .resolver import (
@@ -51,7 +52,8 @@ from .resolver import (
 
 
 def request_table(group: SourceGroup, states: Sequence) -> torch.Tensor:
-    """int64 [batch, 10]: the per-request tensors' addresses and tail bounds."""
+    """int64 [batch, 12]: the per-request tensors' addresses, the hot_rank bitmap's words
+    and the tail bounds (resolver_common.cuh T_* columns)."""
     rows = [
         [
             s.hot_rows.data_ptr(),
@@ -62,6 +64,8 @@ def request_table(group: SourceGroup, states: Sequence) -> torch.Tensor:
             s.page_map.data_ptr(),
             s.page_ready.data_ptr(),
             s.hot_index.data_ptr(),
+            s.hot_rank.data_ptr(),
+            rank_words(s.max_rows),
             s.tail_lo,
             s.tail_hi,
         ]

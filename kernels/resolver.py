@@ -36,11 +36,12 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
     default_copy_blocks,
     default_select,
     defines,
+    hit_form,
     launched_copy_blocks,
     lookup_shape,
 )
 
-T_COLS, S_COLS, TOT_COLS = 10, 10, 13  # table / summary / totals columns (resolver_common.cuh)
+T_COLS, S_COLS, TOT_COLS = 12, 10, 13  # table / summary / totals columns (resolver_common.cuh)
 S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 R_PEND = 9  # 2 x (copies, status) pending on the sync-free path, by parity
@@ -144,9 +145,11 @@ def lookup(
     finished_epoch: int,
     select: str | None = None,
     host_totals: bool = True,
+    hits: str | None = None,
 ) -> None:
     """Launch 1: direct path, union, hot hits, LRU victims; writes ``locations`` (final for
-    direct/hot entries, ``-2 - miss rank`` for misses) and ``ws``; mutates no state.
+    direct/hot entries, ``-2 - miss rank`` for misses) and ``ws``; mutates no state but
+    the requests' hot_rank caches (derived from hot_rows, rebuilt where stale).
 
     host_totals: the last lookup block sums the batch into ``ws.totals`` (offsets, status,
     counts) for the host to read before ``commit``. False on the sync-free path: no ticket
@@ -160,7 +163,10 @@ def lookup(
     "radix_match" counts its bins with warp-aggregated atomics) or "sort" (bitonic sort of
     every slot key); all give the reference's order (see ``default_select``).
 
-    table: int64 [batch, 10] per request (resolver_common.cuh T_* columns); rows_bound: every row
+    hits: how hot hits are found, "index" (a hot_index load per entry) or "rank" (the
+    request's hot_rank cache in shared memory, resolver_rank.cuh); None = ``hit_form``.
+
+    table: int64 [batch, 12] per request (resolver_common.cuh T_* columns); rows_bound: every row
     needing steps 2-3 is below it (max tail_lo of the batch).
     """
     select = select or default_select()
@@ -171,12 +177,14 @@ def lookup(
     check_limit("rows_bound", rows_bound, INT32_MAX * 32)
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots, visible)
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
-    shared = lookup_shared_bytes(words, pow2)
     dev = selections.device.index
     func, flags, threads = lookup_variant()
     fn = kernel("resolver", func, dev, True, flags)
     cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
-    check_limit("shared bytes (24 * ceil(rows_bound / 128) + 8.125 * pow2(B))", shared, cap)
+    rank = hit_form(hits, hot_slots, lookup_shared_bytes(words, pow2, True) <= cap) == "rank"
+    shared = lookup_shared_bytes(words, pow2, rank)
+    check_limit(f"shared bytes ({48 if rank else 24} * ceil(rows_bound / 128) + 8.125 * pow2(B))",
+                shared, cap)
     args = (
         ptr(table),
         ptr(selections),
@@ -195,6 +203,7 @@ def lookup(
         np.int32(VICTIM_SELECT[select]),
         np.int32(bool(host_totals)),
         np.int32(ws.parity ^ (not host_totals)),
+        np.int32(rank),
     )
     launch(fn, (batch,), (threads,), args, shared)
     if not host_totals:
@@ -214,11 +223,12 @@ def lookup_variant() -> tuple[str, tuple[str, ...], int]:
     return ("resolve_lookup_2" if per_sm == 2 else "resolve_lookup"), flags, threads
 
 
-def lookup_shared_bytes(words: int, pow2: int) -> int:
+def lookup_shared_bytes(words: int, pow2: int, rank: bool = False) -> int:
     """Dynamic shared memory of the lookup (resolver_lookup.cu): the miss bitmap (u32) and
     its prefix (u16) over ``words`` rounded up to 16-byte groups, the hit bitmap over the
-    ``pow2`` sorted slots, then their LRU keys (u64)."""
-    return 6 * (-(-words // 4) * 4) + pow2 // 8 + 8 * pow2
+    ``pow2`` sorted slots, then their LRU keys (u64); the rank form adds a held-row bitmap
+    and its prefix over the same words."""
+    return (12 if rank else 6) * (-(-words // 4) * 4) + pow2 // 8 + 8 * pow2
 
 
 def _check_round(ws: Workspace, table: torch.Tensor, selections: torch.Tensor,

@@ -240,6 +240,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
             copy_dst[off + i] = dst[q];
         }
     }
+    // hot_rows changed: the rank form's cache of the request is stale (resolver_rank.cuh)
+    if (part == 0 && threadIdx.x == 0 && nv > 0) ptr<i64>(row, T_HOT_RANK)[RANK_VERSION] += 1;
     // hit slots from the lookup's mask, slot by slot: a warp's stores cover 32 consecutive
     // slots (coalesced; a list of scattered slots cost a sector per store)
     if (nhit > 0) {

@@ -49,11 +49,16 @@ template <> struct Vec<4> { using T = unsigned int; };
 
 // request table columns (int64 [batch, TCOLS], built by kernels/resolver.py)
 enum { T_HOT_ROWS, T_HOT_STAMP, T_HOT_PROTECT, T_HOT_LOCS, T_TAIL_LOCS, T_PAGE_MAP, T_PAGE_READY,
-       T_HOT_INDEX, T_TAIL_LO, T_TAIL_HI, TCOLS };
+       T_HOT_INDEX, T_HOT_RANK, T_RANK_CAP, T_TAIL_LO, T_TAIL_HI, TCOLS };
 // hot_index [max_rows] (request.py): -1, or hot_locs[s] << HOT_SLOT_BITS | s for the slot s
 // holding the row; kept the inverse of hot_rows by the commit and the promotion
 #define HOT_SLOT_BITS 20
 #define HOT_SLOT_MASK 0xFFFFFll
+// hot_rank (request.py): header, the held rows' hot_index entries in ascending row order (B
+// rounded up to even), a bitmap of the held rows (T_RANK_CAP u32 words) -- the rank
+// lookup's cache (resolver_rank.cuh), valid while RANK_BUILT == RANK_VERSION; every writer
+// of hot_rows bumps RANK_VERSION
+enum { RANK_VERSION, RANK_BUILT, RANK_WORDS, RANK_HEAD = 4 };
 // summary columns (int64 [batch, SCOLS])
 enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT, SCOLS };
 // totals (int64 [TOT_COLS + 2 * (batch + 1)]): then copy offsets [batch+1], stage offsets [batch+1].

@@ -2,6 +2,7 @@
 // hot hits by the row -> slot index, LRU victims, per-request summaries and the batch totals.
 #include "resolver_common.cuh"
 #include "resolver_sort.cuh"
+#include "resolver_rank.cuh"
 
 #define SELECT_MAX 1024  // victims ordered by radix select + counting ranks up to this many
 
@@ -100,7 +101,9 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
 
 // shared layout of resolve_lookup (dynamic), Wp = W rounded up to a multiple of 4, Hp =
 // Bp / 32: miss bitmap [Wp] u32, hit bitmap over the slots [Hp] u32, miss prefix [Wp] u16,
-// then LRU keys [Bp] u64 (the bitmaps move in 16-byte groups).
+// then LRU keys [Bp] u64 (the bitmaps move in 16-byte groups); with hits = 1 (the rank form,
+// resolver_rank.cuh) also the held-row bitmap [Wp] u32 and its prefix [Wp] u16, and the
+// held rows' entries by rank in the keys' place until pass 1 ends.
 // UL: slot groups per thread in the victim keys; entry loops run G groups (G * NT >= K * k
 // where possible: a group past the last entry would still cost its instructions).
 template <int UL>
@@ -109,7 +112,7 @@ __device__ __forceinline__ void lookup_body(
     i64* __restrict__ locs, i64* __restrict__ miss_dst, i64* __restrict__ misses,
     i32* __restrict__ victims, i32* __restrict__ hit_mask, i64* __restrict__ summary,
     i64* __restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,
-    i64 finished_epoch, int select_mode, int sums, int parity) {
+    i64 finished_epoch, int select_mode, int sums, int parity, int hits) {
     (void)miss_dst;  // the commit's scratch (both launches take the workspace's pointers)
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
@@ -132,6 +135,9 @@ __device__ __forceinline__ void lookup_body(
     const i64* s_b = sel + (i64)b * Kk;
     i64* l_b = locs + (i64)b * Kk;
     const i64 nbits = (i64)W * 32;
+    const bool rank = hits && B > 0;  // block-uniform
+    unsigned* held_bm = reinterpret_cast<unsigned*>(keys + Bp);
+    u16* held_pre = reinterpret_cast<u16*>(held_bm + Wp);
     TRACE(0);
 #if __CUDA_ARCH__ >= 900
     // a commit launched behind this grid with PDL may be scheduled now (it waits for this
@@ -139,10 +145,14 @@ __device__ __forceinline__ void lookup_body(
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
 
+    if (rank)  // the selection into L2 while the block reads its cache (pass 1 comes after)
+        for (int i = threadIdx.x; i * 16 < Kk; i += NT) asm volatile("prefetch.global.L2 [%0];" ::"l"(s_b + i * 16));
     bitmap_fill(miss_bm, nullptr, Wp + Hp);
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
     if (threadIdx.x < 4) kbits[threadIdx.x] = threadIdx.x < 2 ? 0u : ~0u;
+    if (rank) rank_cache(row, B, W, Wp, row[T_RANK_CAP], held_bm, held_pre, keys, tmp);  // syncs
     __syncthreads();
+    TRACE(2);  // the rank form's cache in shared memory
 
     // pass 1: direct path, then hot hits by the request's row -> slot index (one load
     // beside the page loads: hot_index packs the slot's pool row, so a hit's location
@@ -189,7 +199,8 @@ __device__ __forceinline__ void lookup_body(
                 const bool rest = r[q] >= 0 && !tail[q];
                 page[q] = rest && page_ready[pg[q]];
                 pm[q] = rest ? page_map[pg[q]] : 0;
-                hi[q] = rest && B > 0 && r[q] < nbits ? hot_index[r[q]] : -1;
+                hi[q] = !(rest && B > 0 && r[q] < nbits) ? -1
+                        : rank ? rank_entry(held_bm, held_pre, keys, r[q]) : hot_index[r[q]];
                 loc[q] = tail[q] ? tail_locs[tl] : -1;
             }
 #pragma unroll
@@ -380,9 +391,9 @@ __device__ __forceinline__ void lookup_body(
         i64 *__restrict__ locs, i64 *__restrict__ miss_dst, i64 *__restrict__ misses,                       \
         i32 *__restrict__ victims, i32 *__restrict__ hit_mask, i64 *__restrict__ summary,                  \
         i64 *__restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,             \
-        i64 finished_epoch, int select_mode, int sums, int parity
+        i64 finished_epoch, int select_mode, int sums, int parity, int hits
 #define LOOKUP_PASS table, sel, visible, locs, miss_dst, misses, victims, hit_mask, summary, totals, batch, K, \
-                    k, B, Bp, T, p, W, finished_epoch, select_mode, sums, parity
+                    k, B, Bp, T, p, W, finished_epoch, select_mode, sums, parity, hits
 // One block per SM (64 registers, 4 loads in flight per thread) ...
 extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) { lookup_body<4>(LOOKUP_PASS); }
 // ... or two: a batch above the SM count in one wave. At NT = 1024 that leaves 32 registers

@@ -46,6 +46,35 @@ def defines() -> tuple[str, ...]:
     return tuple(out)
 
 
+LOOKUP_HITS = ("auto", "index", "rank")
+RANK_MAX_SLOTS = 65535  # the rank form's prefix of held rows is 16-bit
+
+
+def hit_form(hits: str | None, hot_slots: int, rank_fits: bool) -> str:
+    """How the lookup finds hot hits: ``hits``, else ``DHISPARSE_LOOKUP_HITS``:
+
+    - index: one load of the request's ``hot_index`` per entry (a random 32-byte sector of
+      an 8-byte-per-row array);
+    - rank: the request's hot_rank cache (held-row bitmap, entries by rank) read into shared
+      memory, built from hot_rows where a writer made it stale (resolver_rank.cuh); needs
+      B <= 65535 and 6 more bytes of shared memory per 32 rows (``rank_fits``);
+    - auto (the default): rank where it can run, else index.
+
+    Same results every way. Asking for rank where it cannot run is refused."""
+    value = hits if hits is not None else os.environ.get("DHISPARSE_LOOKUP_HITS", "auto")
+    name = "hits" if hits is not None else "DHISPARSE_LOOKUP_HITS"
+    if value not in LOOKUP_HITS:
+        raise InvalidArgument(f"{name}={value!r} must be one of {LOOKUP_HITS}")
+    can = 0 < hot_slots <= RANK_MAX_SLOTS and rank_fits
+    if value == "rank" and not can and hot_slots:
+        raise InvalidArgument(
+            f"{name}='rank' needs hot_slots <= {RANK_MAX_SLOTS} (got {hot_slots}) and its shared "
+            f"memory within the SM's (fits: {rank_fits})")
+    if value == "index" or not can:
+        return "index"
+    return "rank"
+
+
 LOOKUP_SHAPES = {"1": (1024, 1), "2": (1024, 2), "2x512": (512, 2)}  # threads, blocks per SM
 
 

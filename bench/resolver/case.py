@@ -53,6 +53,7 @@ class Case:
     def call(self, i: int) -> None:
         self.lookup(i)
         self.commit(i)
+        self.st.held_changed |= self.cold or self.m > 0
 
     def lookup(self, i: int) -> None:
         kres, st = self.kres, self.st

@@ -12,7 +12,12 @@ import os
 
 import torch
 
-from services.decode.hierarchy.request import HOT_SLOT_BITS
+from services.decode.hierarchy.request import (
+    HOT_SLOT_BITS,
+    RANK_VERSION,
+    new_rank_cache,
+    rank_words,
+)
 
 PROFILES = {"hit100": 0.0, "miss2": 0.02, "miss20": 0.20, "cold": 1.0}
 
@@ -100,6 +105,8 @@ class State:
         self.protect = torch.zeros(P, B, **i64)
         self.hot_locs = torch.arange(P * B, **i64).view(P, B)
         self.hot_index = torch.full((P, S), -1, **i64)  # row -> packed hot slot (request.py)
+        self.hot_rank = new_rank_cache(S, B, dev, P)  # the rank form's cache (request.py)
+        self.held_changed = True  # set by calls with misses (Case.call), cleared by restore
         self.res_index = self.hot_locs << HOT_SLOT_BITS | torch.arange(B, **i64)
         self.tail_locs = torch.arange(P * B, P * B + P * TAIL_ROWS, **i64).view(P, TAIL_ROWS)
         pages = -(-S // PAGE_ROWS)
@@ -131,14 +138,22 @@ class State:
                     self.page_map,
                     self.page_ready,
                     self.hot_index,
+                    self.hot_rank,
                 )
             ]
-            + [self.tail_lo, self.S]
+            + [rank_words(self.S), self.tail_lo, self.S]
             for r in range(bs)
         ]
         return torch.tensor(rows, dtype=torch.int64, device=self.hot_rows.device)
 
     def restore(self, cold: bool) -> None:
+        """The hot cache as the cases start it. Where a call since the last restore changed
+        which rows are held (``held_changed``: misses took slots), hot_rows is written back
+        and the rank form's cache goes stale, as every writer of hot_rows makes it; after
+        calls without misses it stays valid, as in serving."""
+        if self.held_changed:
+            self.hot_rank[:, RANK_VERSION] += 1
+            self.held_changed = False
         self.hot_index.fill_(-1)
         if cold:
             self.hot_rows.fill_(-1)

@@ -130,22 +130,29 @@ def run_k8(args: dict, rec: dict, st: State, host, pool, item: int, k: int, flus
     )
 
 
+LOOKUP_SETTINGS = (("1", "index"), ("1", "rank"), ("2", "index"), ("2x512", "index"),
+                   ("2x512", "rank"))  # (DHISPARSE_LOOKUP_BLOCKS, DHISPARSE_LOOKUP_HITS)
+
+
 def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k: int) -> None:
     """Lookup shapes (DHISPARSE_LOOKUP_BLOCKS: one or two 1024-thread blocks per SM, two
-    512-thread ones) at batch 32 and 160, plus launch 1 alone. Calls take windows after the
-    main cases' (never read by them; batch 160 re-reads batch 32's rows of its first 32
+    512-thread ones) and hit forms (DHISPARSE_LOOKUP_HITS: index, rank) at batch 1, 32 and
+    160, plus launch 1 alone. Calls take windows after the main cases' and each setting
+    the next ones of its case, starting over after the main cases' once a case runs out
+    (L2 is flushed before every timing; batch 160 re-reads batch 32's rows of its first 32
     requests)."""
     flush = Flusher(pool.device)
     calls = 1 + args["warmup"] + args["reps"] + args["wall_reps"]
-    out = []
-    for bs in (b for b in (32, 160) if b <= st.P):
+    n = args["warmup"] + args["reps"]
+    out, windows = [], Windows()
+    for bs in (b for b in (1, 32, 160) if b <= st.P):
         for prof in ("hit100", "miss2", "miss20"):
-            m, off = missed_rows(prof, k), calls
-            for blocks in ("1", "2", "2x512"):
-                n = args["warmup"] + args["reps"]
-                if off + 2 * n > st.windows(k, m, False):
-                    continue
+            m = missed_rows(prof, k)
+            have = st.windows(k, m, False) - calls
+            for blocks, hits in LOOKUP_SETTINGS:
+                off = calls + windows.take((bs, prof), 2 * (n + 1), have)
                 os.environ["DHISPARSE_LOOKUP_BLOCKS"] = blocks
+                os.environ["DHISPARSE_LOOKUP_HITS"] = hits
                 case = Case(st, host, pool, item, bs, 1, k, m, False)
                 ok = case.check(off)["ok"]
                 us = {}  # both launches, then the lookup alone, each on rows unread so far
@@ -162,16 +169,18 @@ def run_blocks_sweep(args: dict, rec: dict, st: State, host, pool, item: int, k:
                     "batch": bs,
                     "profile": prof,
                     "lookup_blocks": blocks,
+                    "hits": hits,
                     "ok": ok,
                     **us,
                 }
                 out.append(r)
                 print(
-                    f"lookup={blocks:5s} bs={bs:3d} {prof:6s} us={r['us']:7.1f} "
+                    f"lookup={blocks:5s} hits={hits:5s} bs={bs:3d} {prof:6s} us={r['us']:7.1f} "
                     f"lookup_us={r['lookup_us']:7.1f} ok={ok}",
                     flush=True,
                 )
     os.environ.pop("DHISPARSE_LOOKUP_BLOCKS", None)
+    os.environ.pop("DHISPARSE_LOOKUP_HITS", None)
     rec["lookup_blocks_sweep"] = {"item_bytes": item, "top_k": k, "cases": out}
     del flush
 

@@ -47,8 +47,9 @@ extern "C" __global__ void gather4(const int* b, const long long* x, int n, long
 """
 
 # phase slots of the resolver kernels (lookup block, last block, commit block)
-# (slot 2 is unused since the hot scan gave way to hot_index: "hit mask" = slot 3)
-LOOKUP_PHASES = ("pass 1", "(unused)", "hit mask", "miss prefix", "pass 2",
+# (slot 2: the rank form's cache in shared memory, stamped before pass 1; absent with
+# DHISPARSE_LOOKUP_HITS=index)
+LOOKUP_PHASES = ("pass 1", "rank cache", "hit mask", "miss prefix", "pass 2",
                  "misses+victims", "summary+ticket")
 
 

@@ -122,7 +122,10 @@ def snapshot(h: Harness) -> dict:
         },
     }
     for rid, s in g.requests.items():
-        values = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "backings"}
+        # hot_rank is the CUDA lookup's cache of hot_rows (a lookup may build it before a
+        # round fails); the invariants check it wherever it is valid
+        values = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)
+                  if f.name not in ("backings", "hot_rank")}
         out[rid] = {
             k: v.cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in values.items()
         }

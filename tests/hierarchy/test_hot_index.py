@@ -1,5 +1,6 @@
 """``hot_index``, the inverse of ``hot_rows`` (request.py): the reference's updates keep it
-exact, and the check of invariant I4 catches a stale entry."""
+exact, and the check of invariant I4 catches a stale entry; ``hot_rank``, the CUDA lookup's
+cache of the held rows: every writer makes it stale, and I4 checks it where it is valid."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.decode.hierarchy.invariants import assert_hot_index
+from services.decode.hierarchy.invariants import assert_hot_index, assert_hot_rank
 from services.decode.hierarchy.request import (
     HOT_SLOT_BITS,
+    RANK_BUILT,
+    RANK_VERSION,
+    RANK_WORDS,
     new_request_state,
+    rank_cache_contents,
+    rank_layout,
     reindex_hot,
     set_hot_rows,
     set_hot_rows_where,
@@ -66,3 +72,48 @@ def test_entries_pack_the_slots_pool_row_and_a_stale_entry_is_caught() -> None:
     s.hot_rows[1] = 11  # written past the index
     with pytest.raises(AssertionError, match=r"I4: hot_index of 'a' disagrees .* rows \[11\]"):
         assert_hot_index(s)
+
+
+# -- hot_rank: the CUDA lookup's cache of the held rows ---------------------------------
+def test_every_writer_of_hot_rows_makes_the_rank_cache_stale() -> None:
+    s = _state([7, -1, 3, -1, -1, -1])
+    v = int(s.hot_rank[RANK_VERSION])
+    set_hot_rows(s, torch.tensor([1]), torch.tensor([9]))
+    set_hot_rows_where(s, torch.tensor([3]), torch.tensor([11]), torch.tensor([True]))
+    reindex_hot(s)
+    assert int(s.hot_rank[RANK_VERSION]) == v + 3
+    assert int(s.hot_rank[RANK_BUILT]) == -1  # a new request's cache was never built
+
+
+def _built(s, words: int):
+    """s with its rank cache built as the lookup builds it (the torch reference)."""
+    ent_at, bits_at, _ = rank_layout(s.max_rows, s.hot_rows.numel())
+    entries, bits = rank_cache_contents(s, words)
+    s.hot_rank[ent_at : ent_at + entries.numel()] = entries
+    s.hot_rank[bits_at:].view(torch.int32)[:words] = bits.to(torch.int32)
+    s.hot_rank[RANK_WORDS] = words
+    s.hot_rank[RANK_BUILT] = s.hot_rank[RANK_VERSION]
+    return s
+
+
+def test_rank_cache_holds_the_held_rows_entries_in_row_order() -> None:
+    s = _built(_state([33, -1, 3, 31, -1, 7]), 2)
+    entries, bits = rank_cache_contents(s, 2)
+    assert entries.tolist() == [int(s.hot_index[r]) for r in (3, 7, 31, 33)]
+    assert bits.tolist() == [(1 << 3) | (1 << 7) | (1 << 31), 1 << 1]
+    assert rank_cache_contents(s, 1)[0].tolist() == entries[:3].tolist()  # rows < 32 only
+    assert_hot_rank(s)
+
+
+def test_a_wrong_valid_rank_cache_is_caught_and_a_stale_one_is_not_checked() -> None:
+    s = _built(_state([33, -1, 3, 31, -1, 7]), 2)
+    ent_at = rank_layout(s.max_rows, SLOTS)[0]
+    s.hot_rank[ent_at + 1] += 1 << HOT_SLOT_BITS  # row 7's entry: another pool row
+    with pytest.raises(AssertionError, match="I4: hot_rank entries of 'a'"):
+        assert_hot_rank(s)
+    s = _built(_state([33, -1, 3, 31, -1, 7]), 2)
+    s.hot_rows[1] = 12  # written without the writers' bump: the bitmap now misses row 12
+    with pytest.raises(AssertionError, match=r"I4: hot_rank bitmap of 'a' wrong at words \[0\]"):
+        assert_hot_rank(s)
+    reindex_hot(s)  # a writer: the cache goes stale and is rebuilt before it is read again
+    assert_hot_rank(s)

@@ -111,13 +111,15 @@ ROUNDS = (0.0, 1.0, 1.0, 0.5, 1.0, "bad", 1.0, 0.0, 1.0)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", ["1", "2x512"])  # DHISPARSE_LOOKUP_BLOCKS
+@pytest.mark.parametrize("hits", ["index", "rank"])  # DHISPARSE_LOOKUP_HITS
 @pytest.mark.parametrize("case", PENDING_CASES,
                          ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
-def test_one_workspace_across_rounds_with_and_without_pending_work(case, shape,
+def test_one_workspace_across_rounds_with_and_without_pending_work(case, shape, hits,
                                                                    monkeypatch) -> None:
     from kernels import resolver as kres
 
     monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", shape)
+    monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", hits)
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)  # printed on failure
     plain, sync_free, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
@@ -146,7 +148,7 @@ def test_one_workspace_across_rounds_with_and_without_pending_work(case, shape,
         if after_stray:  # a stray lookup with misses: its slots stay dirty (no commit)
             stray = selections(plain, rids, k_queries, k, 0.0, gen)
             sync_free_round(sync_free, ws, rids, stray, False, commit=False)
-            assert_same(snapshot(plain), snapshot(sync_free))  # a lookup mutates nothing
+            assert_same(snapshot(plain), snapshot(sync_free))  # a lookup mutates no state
     # every kind of round came up: no pending work, copies without staging, bad input
     assert any(p == 0 for *_, p in seen), seen
     assert any(c > 0 and s == 0 for _, c, s, _, _ in seen), seen

@@ -12,7 +12,15 @@ from collections.abc import Mapping
 import torch
 
 from .group import SourceGroup
-from .request import hot_entries
+from .request import (
+    RANK_BUILT,
+    RANK_VERSION,
+    RANK_WORDS,
+    hot_entries,
+    rank_cache_contents,
+    rank_layout,
+    rank_words,
+)
 from .resolver import ResolvePlan
 
 Truth = Mapping[tuple[str, int], torch.Tensor]
@@ -117,6 +125,7 @@ def assert_ordering(group: SourceGroup) -> None:
         held = state.hot_rows.cpu()[state.hot_rows.cpu() >= 0]
         assert held.unique().numel() == held.numel(), f"I4: {rid!r} row in two hot slots"
         assert_hot_index(state)
+        assert_hot_rank(state)
         backed = group.backed_mask(state)
         assert bool(backed[held].all()), f"I4: {rid!r} hot slot holds an unbacked row"
         assert bool((held < state.committed).all()), f"I4: {rid!r} hot row uncommitted"
@@ -137,6 +146,28 @@ def assert_hot_index(state) -> None:
     assert bad.numel() == 0, (
         f"I4: hot_index of {state.request_id!r} disagrees with hot_rows at rows "
         f"{bad[:8].tolist()}: {index[bad[:8]].tolist()} != {want[bad[:8]].tolist()}"
+    )
+
+
+def assert_hot_rank(state) -> None:
+    """The CUDA lookup's cache (request.py hot_rank), where valid (built at the current
+    version), holds what ``rank_cache_contents`` gives for the words it covers."""
+    cache = state.hot_rank.cpu()
+    if not cache.numel():
+        return
+    rid, cap = state.request_id, rank_words(state.max_rows)
+    ent_at, bits_at, length = rank_layout(state.max_rows, state.hot_rows.numel())
+    assert cache.numel() == length, f"I4: hot_rank of {rid!r} holds {cache.numel()} values"
+    if int(cache[RANK_BUILT]) != int(cache[RANK_VERSION]):
+        return
+    words = int(cache[RANK_WORDS])
+    assert 0 < words <= cap, f"I4: hot_rank of {rid!r} covers {words} of {cap} words"
+    entries, bits = (t.cpu() for t in rank_cache_contents(state, words))
+    got = cache[bits_at:].view(torch.int32)[:words].to(torch.int64) & 0xFFFFFFFF
+    bad = torch.nonzero(got != bits).flatten()
+    assert bad.numel() == 0, f"I4: hot_rank bitmap of {rid!r} wrong at words {bad[:8].tolist()}"
+    assert torch.equal(cache[ent_at : ent_at + entries.numel()], entries), (
+        f"I4: hot_rank entries of {rid!r} are not the held rows' in row order"
     )
 
 

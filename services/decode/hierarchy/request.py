@@ -12,6 +12,14 @@ All tensors live on the group's device (the kernels read them); ``B = hot_slots`
                             slot s holding the row, -1 for a row no slot holds (derived
                             state, kept by every writer of hot_rows; the CUDA lookup
                             finds a hit with one load instead of scanning the B slots)
+    hot_rank     int64 [RANK_HEAD + B (rounded up to even) + 2 ceil(max_rows / 128)]  the
+                            CUDA lookup's cache of the held rows (derived state, never read by
+                            the reference): a header (RANK_VERSION: bumped by every writer of
+                            hot_rows; RANK_BUILT: the version the cache was built at;
+                            RANK_WORDS: the bitmap words it covers), the held rows' hot_index
+                            entries in ascending row order, then a bitmap of the held rows (u32
+                            words; a row's rank among the held rows finds its entry). Valid
+                            while RANK_BUILT == RANK_VERSION (kernels/resolver_rank.cuh).
     tail_locs    int64 [T]  pool row of each tail ring slot; row s lives at tail_locs[s % T]
     page_map     int64 [P]  physical page holding logical page g (rows g*p .. g*p+p-1), -1
     page_ready   bool  [P]  True once the page's copy completed (only ready pages resolve)
@@ -49,6 +57,7 @@ class RequestState:
     hot_protect: torch.Tensor
     hot_locs: torch.Tensor
     hot_index: torch.Tensor
+    hot_rank: torch.Tensor
     tail_locs: torch.Tensor
     page_map: torch.Tensor
     page_ready: torch.Tensor
@@ -98,6 +107,7 @@ def new_request_state(
         hot_protect=torch.zeros(hot_slots, dtype=torch.int64, device=device),
         hot_locs=rows[:hot_slots].clone(),
         hot_index=torch.full((max_rows if hot_slots else 0,), -1, dtype=torch.int64, device=device),
+        hot_rank=new_rank_cache(max_rows, hot_slots, device),
         tail_locs=rows[hot_pages * page_rows : hot_pages * page_rows + tail_rows].clone(),
         page_map=torch.full((num_logical,), -1, dtype=torch.int64, device=device),
         page_ready=torch.zeros(num_logical, dtype=torch.bool, device=device),
@@ -106,6 +116,52 @@ def new_request_state(
 
 
 HOT_SLOT_BITS = 20  # hot_index packs (pool row << 20 | slot); slots stay below 2^20
+# hot_rank's header (int64 values), then the entries, then the bitmap (u32 words)
+RANK_VERSION, RANK_BUILT, RANK_WORDS, RANK_HEAD = 0, 1, 2, 4
+
+
+def rank_words(max_rows: int) -> int:
+    """u32 words of a hot_rank bitmap over ``max_rows`` rows, rounded up to 16-byte groups."""
+    return -(-max_rows // 128) * 4
+
+
+def rank_layout(max_rows: int, hot_slots: int) -> tuple[int, int, int]:
+    """hot_rank's (entries offset, bitmap offset, length) in int64 values: the entries
+    rounded up to an even count keep the bitmap 16-byte aligned."""
+    bits = RANK_HEAD + hot_slots + (hot_slots & 1)
+    return RANK_HEAD, bits, bits + rank_words(max_rows) // 2
+
+
+def new_rank_cache(max_rows: int, hot_slots: int, device: torch.device, batch: int = 0
+                   ) -> torch.Tensor:
+    """Empty, invalid hot_rank caches (built at version -1; none when B = 0): one, or
+    ``[batch, length]`` (the benchmark's states)."""
+    if not hot_slots:
+        return torch.zeros(0, dtype=torch.int64, device=device)
+    length = rank_layout(max_rows, hot_slots)[2]
+    out = torch.zeros((batch, length) if batch else (length,), dtype=torch.int64, device=device)
+    out[..., RANK_BUILT] = -1
+    return out
+
+
+def rank_cache_contents(state: RequestState, words: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a hot_rank cache covering ``words`` bitmap words holds (the torch reference of
+    resolver_rank.cuh's build): the hot_index entries of the held rows below 32 ``words``
+    in ascending row order, and the bitmap of those rows (int64 [words], each a u32 word)."""
+    rows = state.hot_rows
+    slots = torch.nonzero((rows >= 0) & (rows < 32 * words)).flatten()
+    order = rows[slots].argsort()
+    slots, held = slots[order], rows[slots][order]
+    bits = torch.zeros(32 * words, dtype=torch.int64, device=rows.device)
+    bits[held] = 1
+    shifts = torch.arange(32, dtype=torch.int64, device=rows.device)
+    return hot_entries(state, slots), (bits.view(words, 32) << shifts).sum(1)
+
+
+def bump_hot(state: RequestState) -> None:
+    """hot_rows changed: the lookup's cache (hot_rank) is stale (no device read)."""
+    if state.hot_rank.numel():
+        state.hot_rank[RANK_VERSION] += 1
 
 
 def hot_entries(state: RequestState, slots: torch.Tensor) -> torch.Tensor:
@@ -121,6 +177,7 @@ def set_hot_rows(state: RequestState, slots: torch.Tensor, rows: torch.Tensor) -
     state.hot_index[old[old >= 0]] = -1
     state.hot_rows[slots] = rows
     state.hot_index[rows] = hot_entries(state, slots)
+    bump_hot(state)
 
 
 def set_hot_rows_where(state: RequestState, slots: torch.Tensor, rows: torch.Tensor,
@@ -137,6 +194,7 @@ def set_hot_rows_where(state: RequestState, slots: torch.Tensor, rows: torch.Ten
     new = torch.where(valid, hot_entries(state, slots) - state.hot_index[at], 0)
     state.hot_index.index_put_((at,), new, accumulate=True)
     state.hot_rows[slots] = torch.where(valid, rows, old)
+    bump_hot(state)
 
 
 def reindex_hot(state: RequestState) -> None:
@@ -145,6 +203,7 @@ def reindex_hot(state: RequestState) -> None:
     state.hot_index.fill_(-1)
     held = torch.nonzero(state.hot_rows >= 0).flatten()
     state.hot_index[state.hot_rows[held]] = hot_entries(state, held)
+    bump_hot(state)
 
 
 def lru_order(stamp: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:

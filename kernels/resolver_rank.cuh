@@ -1,0 +1,108 @@
+#ifndef DHISPARSE_RESOLVER_RANK_CUH
+#define DHISPARSE_RESOLVER_RANK_CUH
+// The lookup's rank form of the hot hits (kernels/resolver.py lookup(hits="rank")): instead
+// of one random hot_index load per selected row (a 32-byte sector of an 8-byte-per-row
+// array: 2048 per request, the floor of a full GPU), the block holds in shared memory a
+// bitmap of the rows its hot slots hold, the bitmap's per-word prefix of set bits and the
+// held rows' hot_index entries in ascending row order; a selected row is held when its bit
+// is set, and its entry is the one at its rank among the held rows (prefix + popcount).
+// The three come from the request's hot_rank cache (request.py): read as they are when the
+// cache is valid (built at the current RANK_VERSION, which every writer of hot_rows bumps),
+// else built from hot_rows / hot_locs (coalesced) and written back for the calls after.
+#include "resolver_common.cuh"
+
+// Fills held_bm [Wp] (rows [0, 32 W)), held_pre [Wp] and ent [B] (entries by rank) for the
+// request of `row`; cap = the cache's bitmap words (table T_RANK_CAP). Every thread calls
+// it; ends with a barrier. Held rows < 65536 (u16 prefix; the wrapper keeps B below).
+__device__ void rank_cache(const i64* row, int B, int W, int Wp, i64 cap, unsigned* held_bm, u16* held_pre,
+                           unsigned long long* ent, unsigned* tmp) {
+    i64* rk = ptr<i64>(row, T_HOT_RANK);
+    i64* cent = rk + RANK_HEAD;                                  // [B rounded up to even]
+    unsigned* cbits = reinterpret_cast<unsigned*>(cent + ((B + 1) & ~1));  // [cap], 16-byte aligned
+    const int Wl = (int)min((i64)Wp, cap);  // words the cache holds of this call's bitmap
+    // header, entries and bitmap loaded together (the entries and bitmap are used only if
+    // the header says the cache is valid): one round trip on the common path
+    const i64 version = rk[RANK_VERSION], built = rk[RANK_BUILT], covered = rk[RANK_WORDS];
+    for (int s0 = threadIdx.x; s0 < B; s0 += 4 * NT) {
+        unsigned long long v[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int s = s0 + q * NT;
+            v[q] = s < B ? (unsigned long long)cent[s] : 0ull;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            if (s0 + q * NT < B) ent[s0 + q * NT] = v[q];
+    }
+    {
+        const uint4* c4 = reinterpret_cast<const uint4*>(cbits);
+        uint4* d4 = reinterpret_cast<uint4*>(held_bm);
+        const int g = Wp >> 2, gl = Wl >> 2;  // Wp, cap: multiples of 4
+        for (int i0 = threadIdx.x; i0 < g; i0 += 2 * NT) {
+            uint4 v[2];
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const int i = i0 + q * NT;
+                v[q] = i < gl ? c4[i] : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+                if (i0 + q * NT < g) d4[i0 + q * NT] = v[q];
+        }
+    }
+    const int Wc = (int)min((i64)W, cap);
+    if (built == version && covered >= Wc) {  // block-uniform
+        __syncthreads();
+        bitmap_prefix(held_bm, held_pre, Wp, tmp);  // syncs
+        return;
+    }
+    // build: the held rows below 32 W into the bitmap, then each one's entry at its rank
+    const i64* hot_rows = ptr<const i64>(row, T_HOT_ROWS);
+    const i64* hot_locs = ptr<const i64>(row, T_HOT_LOCS);
+    __syncthreads();
+    bitmap_fill(held_bm, nullptr, Wp);
+    __syncthreads();
+    const i64 nbits = (i64)W * 32;
+    for (int s0 = threadIdx.x; s0 < B; s0 += 4 * NT) {
+        i64 r[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int s = s0 + q * NT;
+            r[q] = s < B ? hot_rows[s] : -1;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            if (r[q] >= 0 && r[q] < nbits) atomicOr(&held_bm[r[q] >> 5], 1u << (r[q] & 31));
+    }
+    __syncthreads();
+    const unsigned held = bitmap_prefix(held_bm, held_pre, Wp, tmp);  // syncs
+    for (int s0 = threadIdx.x; s0 < B; s0 += 4 * NT) {
+        i64 r[4], l[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int s = s0 + q * NT;
+            r[q] = s < B ? hot_rows[s] : -1;
+            l[q] = s < B ? hot_locs[s] : 0;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int s = s0 + q * NT;
+            if (r[q] >= 0 && r[q] < nbits)
+                ent[rank_of(held_bm, held_pre, r[q])] = (unsigned long long)(l[q] << HOT_SLOT_BITS | s);
+        }
+    }
+    __syncthreads();
+    // write back for the calls after: entries, bitmap words [0, Wc), then the header (a
+    // later kernel sees all of it; this grid does not read the cache again)
+    for (int i = threadIdx.x; i < (int)held; i += NT) cent[i] = (i64)ent[i];
+    for (int w = threadIdx.x; w < Wc; w += NT) cbits[w] = held_bm[w];
+    if (threadIdx.x == 0) rk[RANK_WORDS] = Wc, rk[RANK_BUILT] = version;
+}
+
+// The held row's hot_index entry, or -1 (row < 32 W).
+__device__ __forceinline__ i64 rank_entry(const unsigned* held_bm, const u16* held_pre,
+                                          const unsigned long long* ent, i64 r) {
+    return test_bit(held_bm, r) ? (i64)ent[rank_of(held_bm, held_pre, r)] : -1;
+}
+
+#endif

@@ -1,0 +1,54 @@
+"""The rank form of the lookup's hot hits (kernels/resolver_rank.cuh) reads the requests'
+hot_rank caches where they are valid and rebuilds them where a writer of hot_rows made them
+stale: a valid cache is what the lookup uses (a corrupted one gives wrong locations), a
+stale one is never used (a corrupted one is rebuilt, the round matches the reference), and
+the caches the lookup writes pass the I4 check after every round."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from services.decode.hierarchy.request import RANK_BUILT, RANK_VERSION, rank_layout
+from tests.kernels.test_fused_resolver import check_round, make_pair, selections
+
+BATCH, K, k, HOT, STAGING, ROW_BYTES = 4, 1, 48, 64, 256, 16
+
+
+def _valid(h, rids) -> list[bool]:
+    return [int(h.group.request(r).hot_rank[RANK_BUILT])
+            == int(h.group.request(r).hot_rank[RANK_VERSION]) for r in rids]
+
+
+def _corrupt(h, rid: str) -> None:
+    """Every cached entry of ``rid`` points one pool row further (the header untouched)."""
+    s = h.group.request(rid)
+    at = rank_layout(s.max_rows, s.hot_rows.numel())[0]
+    s.hot_rank[at : at + HOT] += 1 << 20
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["1", "2x512"])  # DHISPARSE_LOOKUP_BLOCKS
+def test_rank_form_uses_a_valid_cache_and_rebuilds_a_stale_one(shape, monkeypatch) -> None:
+    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", shape)
+    monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", "rank")
+    seed = random.randrange(1 << 30)  # printed on failure
+    gen = torch.Generator().manual_seed(seed)
+    for bump in (True, False):
+        h_ref, h_k, rids = make_pair(seed, BATCH, K, k, HOT, STAGING, ROW_BYTES)
+        check_round(h_ref, h_k, rids, selections(h_ref, rids, K, k, 0.0, gen))  # misses
+        assert not _valid(h_k, rids)[0], seed  # its misses took slots: the cache is stale
+        for _ in range(2):  # rebuilt by the first all-hit lookup, read by the second
+            check_round(h_ref, h_k, rids, selections(h_ref, rids, K, k, 1.0, gen))
+            assert all(_valid(h_k, rids)), seed  # no slot taken: no writer bumped
+        _corrupt(h_k, rids[0])
+        sel = selections(h_ref, rids, K, k, 1.0, gen)
+        if bump:  # stale: rebuilt from hot_rows, the corruption gone
+            h_k.group.request(rids[0]).hot_rank[RANK_VERSION] += 1
+            check_round(h_ref, h_k, rids, sel)
+            assert all(_valid(h_k, rids)), seed
+        else:  # valid: read as it is, so the hits of rids[0] land one pool row off
+            with pytest.raises(AssertionError, match="locations"):
+                check_round(h_ref, h_k, rids, sel)
