@@ -227,8 +227,9 @@ def lookup_shared_bytes(words: int, pow2: int, rank: bool = False) -> int:
     """Dynamic shared memory of the lookup (resolver_lookup.cu): the miss bitmap (u32) and
     its prefix (u16) over ``words`` rounded up to 16-byte groups, the hit bitmap over the
     ``pow2`` sorted slots, then their LRU keys (u64); the rank form adds a held-row bitmap
-    and its prefix over the same words."""
-    return (12 if rank else 6) * (-(-words // 4) * 4) + pow2 // 8 + 8 * pow2
+    (16-byte aligned: up to 8 bytes of padding) and its prefix over the same words."""
+    wp = -(-words // 4) * 4
+    return 6 * wp + pow2 // 8 + 8 * pow2 + (8 + 6 * wp if rank else 0)
 
 
 def _check_round(ws: Workspace, table: torch.Tensor, selections: torch.Tensor,

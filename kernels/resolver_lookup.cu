@@ -102,8 +102,8 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
 // shared layout of resolve_lookup (dynamic), Wp = W rounded up to a multiple of 4, Hp =
 // Bp / 32: miss bitmap [Wp] u32, hit bitmap over the slots [Hp] u32, miss prefix [Wp] u16,
 // then LRU keys [Bp] u64 (the bitmaps move in 16-byte groups); with hits = 1 (the rank form,
-// resolver_rank.cuh) also the held-row bitmap [Wp] u32 and its prefix [Wp] u16, and the
-// held rows' entries by rank in the keys' place until pass 1 ends.
+// resolver_rank.cuh) also the held-row bitmap [Wp] u32 (at the next 16-byte boundary) and
+// its prefix [Wp] u16, and the held rows' entries by rank in the keys' place until pass 1 ends.
 // UL: slot groups per thread in the victim keys; entry loops run G groups (G * NT >= K * k
 // where possible: a group past the last entry would still cost its instructions).
 template <int UL>
@@ -136,7 +136,8 @@ __device__ __forceinline__ void lookup_body(
     i64* l_b = locs + (i64)b * Kk;
     const i64 nbits = (i64)W * 32;
     const bool rank = hits && B > 0;  // block-uniform
-    unsigned* held_bm = reinterpret_cast<unsigned*>(keys + Bp);
+    const size_t held_at = ((size_t)6 * Wp + (size_t)4 * Hp + (size_t)8 * Bp + 15) & ~(size_t)15;
+    unsigned* held_bm = reinterpret_cast<unsigned*>(smem + held_at);  // 16-byte groups
     u16* held_pre = reinterpret_cast<u16*>(held_bm + Wp);
     TRACE(0);
 #if __CUDA_ARCH__ >= 900
@@ -145,8 +146,13 @@ __device__ __forceinline__ void lookup_body(
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
 
-    if (rank)  // the selection into L2 while the block reads its cache (pass 1 comes after)
-        for (int i = threadIdx.x; i * 16 < Kk; i += NT) asm volatile("prefetch.global.L2 [%0];" ::"l"(s_b + i * 16));
+    if (rank) {  // into L2 while the block reads its cache: what pass 1 loads after it (the
+        // selection, and the page map and flags of the pages below the tail)
+        const int pages = (int)((tail_lo + p - 1) / p);
+        for (int i = threadIdx.x; i * 16 < Kk; i += NT) prefetch_l2(s_b + i * 16);
+        for (int i = threadIdx.x; i * 16 < pages; i += NT) prefetch_l2(page_map + i * 16);
+        for (int i = threadIdx.x; i * 128 < pages; i += NT) prefetch_l2(page_ready + i * 128);
+    }
     bitmap_fill(miss_bm, nullptr, Wp + Hp);
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
     if (threadIdx.x < 4) kbits[threadIdx.x] = threadIdx.x < 2 ? 0u : ~0u;

@@ -11,6 +11,10 @@
 // else built from hot_rows / hot_locs (coalesced) and written back for the calls after.
 #include "resolver_common.cuh"
 
+__device__ __forceinline__ void prefetch_l2(const void* at) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+}
+
 // Fills held_bm [Wp] (rows [0, 32 W)), held_pre [Wp] and ent [B] (entries by rank) for the
 // request of `row`; cap = the cache's bitmap words (table T_RANK_CAP). Every thread calls
 // it; ends with a barrier. Held rows < 65536 (u16 prefix; the wrapper keeps B below).
