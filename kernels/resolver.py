@@ -181,7 +181,8 @@ def lookup(
     func, flags, threads = lookup_variant()
     fn = kernel("resolver", func, dev, True, flags)
     cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
-    rank = hit_form(hits, hot_slots, lookup_shared_bytes(words, pow2, True) <= cap) == "rank"
+    rank = hit_form(hits, hot_slots, lookup_shared_bytes(words, pow2, True) <= cap, batch,
+                    sm_count(dev)) == "rank"
     shared = lookup_shared_bytes(words, pow2, rank)
     check_limit(f"shared bytes ({48 if rank else 24} * ceil(rows_bound / 128) + 8.125 * pow2(B))",
                 shared, cap)

@@ -50,17 +50,25 @@ LOOKUP_HITS = ("auto", "index", "rank")
 RANK_MAX_SLOTS = 65535  # the rank form's prefix of held rows is 16-bit
 
 
-def hit_form(hits: str | None, hot_slots: int, rank_fits: bool) -> str:
+def hit_form(hits: str | None, hot_slots: int, rank_fits: bool, batch: int, sms: int) -> str:
     """How the lookup finds hot hits: ``hits``, else ``DHISPARSE_LOOKUP_HITS``:
 
     - index: one load of the request's ``hot_index`` per entry (a random 32-byte sector of
       an 8-byte-per-row array);
     - rank: the request's hot_rank cache (held-row bitmap, entries by rank) read into shared
-      memory, built from hot_rows where a writer made it stale (resolver_rank.cuh); needs
+      memory, rebuilt from hot_rows where a writer made it stale (resolver_rank.cuh); needs
       B <= 65535 and 6 more bytes of shared memory per 32 rows (``rank_fits``);
-    - auto (the default): rank where it can run, else index.
+    - auto (the default): rank above the SM count where it can run, else index.
 
-    Same results every way. Asking for rank where it cannot run is refused."""
+    The rule follows the blocks sweep (H200, 665bb5b, 656 B, top_k 2048, B 4096, 100K-row
+    requests, one 1024-thread block per SM; index / rank, us per call): no misses 13.6 /
+    15.4 at batch 1, 15.2 / 16.1 at 32, 31.4 / 29.6 at 160; 2% misses 31.5 / 36.0,
+    55.6 / 59.3, 225.2 / 229.7; 20% misses 42.1 / 47.3, 274.7 / 276.3, 1418.8 / 1398.9. The
+    cache costs a dependent round trip before pass 1 and, after a call whose misses took
+    slots, a rebuild (~5 us at batch 1); the random index loads it replaces cost most where
+    the batch fills the GPU (160 requests x 2048 loads). With two 512-thread blocks per SM
+    (DHISPARSE_LOOKUP_BLOCKS=2x512) rank takes batch 160 without misses to 23.5 us (index
+    29.4). Same results every way. Asking for rank where it cannot run is refused."""
     value = hits if hits is not None else os.environ.get("DHISPARSE_LOOKUP_HITS", "auto")
     name = "hits" if hits is not None else "DHISPARSE_LOOKUP_HITS"
     if value not in LOOKUP_HITS:
@@ -70,7 +78,7 @@ def hit_form(hits: str | None, hot_slots: int, rank_fits: bool) -> str:
         raise InvalidArgument(
             f"{name}='rank' needs hot_slots <= {RANK_MAX_SLOTS} (got {hot_slots}) and its shared "
             f"memory within the SM's (fits: {rank_fits})")
-    if value == "index" or not can:
+    if value == "index" or not can or (value == "auto" and batch <= sms):
         return "index"
     return "rank"
 

@@ -180,7 +180,7 @@ CASES = [  # batch, K, k, hot slots, staging rows, row bytes
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
 @pytest.mark.parametrize(
     "select,blocks,hits",
-    [("radix", "auto", "auto"), ("radix", "auto", "index"), ("sort", "auto", "auto"),
+    [("radix", "auto", "auto"), ("radix", "auto", "rank"), ("sort", "auto", "rank"),
      ("radix", "2", "auto"), ("radix", "1", "index"), ("radix_match", "auto", "auto"),
      ("radix", "2x512", "rank"), ("radix", "2x512", "index"), ("sort", "2x512", "auto")]
 )
@@ -189,7 +189,7 @@ def test_fused_resolver_matches_reference(
 ) -> None:
     monkeypatch.setenv("DHISPARSE_VICTIM_SELECT", select)
     monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", blocks)  # every shape explicitly
-    monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", hits)  # auto: rank wherever it fits
+    monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", hits)  # auto: rank above the SM count
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)  # fresh inputs every run; printed on failure
     h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)

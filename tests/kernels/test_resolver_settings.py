@@ -112,20 +112,22 @@ def test_lookup_shape_defaults_to_one_block_per_sm(monkeypatch) -> None:
         kres.lookup_shape()
 
 
-def test_hit_form_defaults_to_rank_where_it_can_run(monkeypatch) -> None:
+def test_hit_form_defaults_to_rank_above_the_sm_count_where_it_can_run(monkeypatch) -> None:
     from kernels import resolver as kres
 
     monkeypatch.delenv("DHISPARSE_LOOKUP_HITS", raising=False)
-    assert kres.hit_form(None, 4096, True) == "rank"
-    assert kres.hit_form(None, 4096, False) == "index"  # its shared memory does not fit
-    assert kres.hit_form(None, 70_000, True) == "index"  # more held rows than a u16 prefix
-    assert kres.hit_form(None, 0, True) == "index"  # no hot cache
-    assert kres.hit_form("index", 4096, True) == "index"
-    monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", "index")
-    assert kres.hit_form(None, 4096, True) == "index"
-    assert kres.hit_form("rank", 4096, True) == "rank"  # the argument before the variable
+    assert kres.hit_form(None, 4096, True, 160, 132) == "rank"
+    assert kres.hit_form(None, 4096, True, 132, 132) == "index"  # one wave: index loads
+    assert kres.hit_form(None, 4096, False, 160, 132) == "index"  # its shared memory
+    assert kres.hit_form(None, 70_000, True, 160, 132) == "index"  # past a u16 prefix
+    assert kres.hit_form(None, 0, True, 160, 132) == "index"  # no hot cache
+    assert kres.hit_form("index", 4096, True, 160, 132) == "index"
+    assert kres.hit_form("rank", 4096, True, 1, 132) == "rank"
+    monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", "rank")
+    assert kres.hit_form(None, 4096, True, 1, 132) == "rank"
+    assert kres.hit_form("index", 4096, True, 1, 132) == "index"  # the argument first
     with pytest.raises(InvalidArgument, match=r"hits='rank' needs hot_slots <= 65535 \(got 7"):
-        kres.hit_form("rank", 70_000, True)
+        kres.hit_form("rank", 70_000, True, 1, 132)
     monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", "scan")
     with pytest.raises(InvalidArgument, match="DHISPARSE_LOOKUP_HITS='scan' must be one of"):
-        kres.hit_form(None, 4096, True)
+        kres.hit_form(None, 4096, True, 1, 132)
