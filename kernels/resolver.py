@@ -179,10 +179,11 @@ def lookup(
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
     dev = selections.device.index
     func, flags, threads = lookup_variant()
-    fn = kernel("resolver", func, dev, True, flags)
+    ranked = kernel("resolver", func + "_rank", dev, True, flags)
+    fits = lookup_shared_bytes(words, pow2, True) <= dynamic_shared_cap(ranked, dev)
+    rank = hit_form(hits, hot_slots, fits, batch, sm_count(dev)) == "rank"
+    fn = ranked if rank else kernel("resolver", func, dev, True, flags)
     cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
-    rank = hit_form(hits, hot_slots, lookup_shared_bytes(words, pow2, True) <= cap, batch,
-                    sm_count(dev)) == "rank"
     shared = lookup_shared_bytes(words, pow2, rank)
     check_limit(f"shared bytes ({48 if rank else 24} * ceil(rows_bound / 128) + 8.125 * pow2(B))",
                 shared, cap)
@@ -204,7 +205,6 @@ def lookup(
         np.int32(VICTIM_SELECT[select]),
         np.int32(bool(host_totals)),
         np.int32(ws.parity ^ (not host_totals)),
-        np.int32(rank),
     )
     launch(fn, (batch,), (threads,), args, shared)
     if not host_totals:

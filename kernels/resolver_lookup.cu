@@ -106,13 +106,13 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
 // its prefix [Wp] u16, and the held rows' entries by rank in the keys' place until pass 1 ends.
 // UL: slot groups per thread in the victim keys; entry loops run G groups (G * NT >= K * k
 // where possible: a group past the last entry would still cost its instructions).
-template <int UL>
+template <int UL, bool RANK>
 __device__ __forceinline__ void lookup_body(
     const i64* __restrict__ table, const i64* __restrict__ sel, const i64* __restrict__ visible,
     i64* __restrict__ locs, i64* __restrict__ miss_dst, i64* __restrict__ misses,
     i32* __restrict__ victims, i32* __restrict__ hit_mask, i64* __restrict__ summary,
     i64* __restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,
-    i64 finished_epoch, int select_mode, int sums, int parity, int hits) {
+    i64 finished_epoch, int select_mode, int sums, int parity) {
     (void)miss_dst;  // the commit's scratch (both launches take the workspace's pointers)
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
@@ -135,7 +135,7 @@ __device__ __forceinline__ void lookup_body(
     const i64* s_b = sel + (i64)b * Kk;
     i64* l_b = locs + (i64)b * Kk;
     const i64 nbits = (i64)W * 32;
-    const bool rank = hits && B > 0;  // block-uniform
+    const bool rank = RANK && B > 0;  // block-uniform (the index form compiles without it)
     const size_t held_at = ((size_t)6 * Wp + (size_t)4 * Hp + (size_t)8 * Bp + 15) & ~(size_t)15;
     unsigned* held_bm = reinterpret_cast<unsigned*>(smem + held_at);  // 16-byte groups
     u16* held_pre = reinterpret_cast<u16*>(held_bm + Wp);
@@ -205,8 +205,10 @@ __device__ __forceinline__ void lookup_body(
                 const bool rest = r[q] >= 0 && !tail[q];
                 page[q] = rest && page_ready[pg[q]];
                 pm[q] = rest ? page_map[pg[q]] : 0;
-                hi[q] = !(rest && B > 0 && r[q] < nbits) ? -1
-                        : rank ? rank_entry(held_bm, held_pre, keys, r[q]) : hot_index[r[q]];
+                if (RANK)
+                    hi[q] = rest && rank && r[q] < nbits ? rank_entry(held_bm, held_pre, keys, r[q]) : -1;
+                else
+                    hi[q] = rest && B > 0 && r[q] < nbits ? hot_index[r[q]] : -1;
                 loc[q] = tail[q] ? tail_locs[tl] : -1;
             }
 #pragma unroll
@@ -397,14 +399,23 @@ __device__ __forceinline__ void lookup_body(
         i64 *__restrict__ locs, i64 *__restrict__ miss_dst, i64 *__restrict__ misses,                       \
         i32 *__restrict__ victims, i32 *__restrict__ hit_mask, i64 *__restrict__ summary,                  \
         i64 *__restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,             \
-        i64 finished_epoch, int select_mode, int sums, int parity, int hits
+        i64 finished_epoch, int select_mode, int sums, int parity
 #define LOOKUP_PASS table, sel, visible, locs, miss_dst, misses, victims, hit_mask, summary, totals, batch, K, \
-                    k, B, Bp, T, p, W, finished_epoch, select_mode, sums, parity, hits
+                    k, B, Bp, T, p, W, finished_epoch, select_mode, sums, parity
 // One block per SM (64 registers, 4 loads in flight per thread) ...
-extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) { lookup_body<4>(LOOKUP_PASS); }
+extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) {
+    lookup_body<4, false>(LOOKUP_PASS);
+}
 // ... or two: a batch above the SM count in one wave. At NT = 1024 that leaves 32 registers
 // (2 loads in flight per thread); built with -DNT=512, 64 registers and 4 in flight, so a
 // block keeps as many loads in flight as one 1024-thread block.
 extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2(LOOKUP_ARGS) {
-    lookup_body<(NT > 512 ? 2 : 4)>(LOOKUP_PASS);
+    lookup_body<(NT > 512 ? 2 : 4), false>(LOOKUP_PASS);
+}
+// The same with the rank form of the hot hits (resolver_rank.cuh).
+extern "C" __global__ void __launch_bounds__(NT) resolve_lookup_rank(LOOKUP_ARGS) {
+    lookup_body<4, true>(LOOKUP_PASS);
+}
+extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2_rank(LOOKUP_ARGS) {
+    lookup_body<(NT > 512 ? 2 : 4), true>(LOOKUP_PASS);
 }
