@@ -47,8 +47,8 @@ extern "C" __global__ void gather4(const int* b, const long long* x, int n, long
 """
 
 # phase slots of the resolver kernels (lookup block, last block, commit block)
-# (slot 2: the rank form's cache in shared memory, stamped before pass 1; absent with
-# DHISPARSE_LOOKUP_HITS=index)
+# (slot 2: stamped before pass 1, once the rank form's cache is in shared memory; with the
+# index form right after the block's first barrier)
 LOOKUP_PHASES = ("pass 1", "rank cache", "hit mask", "miss prefix", "pass 2",
                  "misses+victims", "summary+ticket")
 
