@@ -46,3 +46,22 @@ def test_the_committed_results_draw_with_every_panel(tmp_path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
     with pytest.raises(ValueError, match="no cases with top_k=7"):
         plot(rec, tmp_path / "none.png", top_k=7)
+
+
+def test_restore_makes_the_rank_caches_stale_only_after_calls_that_changed_the_held_rows() -> None:
+    """Timed no-miss calls find the rank form's cache valid (as in serving); a restore after
+    calls whose misses took slots (``held_changed``, set by ``Case.call``) bumps every
+    request's version, as the writers of hot_rows do."""
+    from services.decode.hierarchy.request import RANK_BUILT, RANK_VERSION, rank_words
+
+    st = State(2, 10 * PAGE_ROWS + 1, 8, torch.device("cpu"))
+    assert st.hot_rank[:, RANK_BUILT].tolist() == [-1, -1]  # never built
+    st.restore(cold=False)  # the first restore: the state was never laid out
+    st.restore(cold=False)
+    assert st.hot_rank[:, RANK_VERSION].tolist() == [1, 1]
+    st.held_changed = True
+    st.restore(cold=True)
+    assert st.hot_rank[:, RANK_VERSION].tolist() == [2, 2] and not st.held_changed
+    table = st.table(2)
+    assert table.shape == (2, 12) and table[0, 9].item() == rank_words(st.S)
+    assert table[0, 8].item() == st.hot_rank[0].data_ptr()
