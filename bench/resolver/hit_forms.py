@@ -75,6 +75,28 @@ __device__ __forceinline__ unsigned rank_of(const unsigned* bm, const unsigned* 
     return pre[w] + __popc(bm[w] & below);
 }
 
+// the rank forms' shared memory: entries by rank [NSLOT], bitmap [NWORD], its prefix
+#define SHARED_LAYOUT                                                   \
+    extern __shared__ __align__(16) unsigned char smem[];               \
+    __shared__ unsigned tmp[32];                                        \
+    i64* packed = reinterpret_cast<i64*>(smem);                         \
+    unsigned* bm = reinterpret_cast<unsigned*>(packed + NSLOT);         \
+    unsigned* pre = bm + NWORD;                                         \
+    const i64 b = blockIdx.x;
+
+// each selected row's location: the entry at its rank where its bit is set, else -1
+__device__ void emit_hits(const unsigned* bm, const unsigned* pre, const i64* packed,
+                          const i64* r, i64* out) {
+#pragma unroll
+    for (int q = 0; q < EPT; ++q) {
+        const int e = threadIdx.x + q * NT;
+        if (e >= NSEL) continue;
+        const unsigned rr = (unsigned)r[q];
+        const bool held = r[q] >= 0 && (bm[rr >> 5] >> (rr & 31)) & 1u;
+        out[e] = held ? packed[rank_of(bm, pre, rr)] : -1;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(NT, NT == 1024 ? 1 : 2)
 hits_index(const i64* __restrict__ index, const i64* __restrict__ sel, i64* __restrict__ locs,
            int N) {
@@ -98,12 +120,7 @@ hits_index(const i64* __restrict__ index, const i64* __restrict__ sel, i64* __re
 extern "C" __global__ void __launch_bounds__(NT, NT == 1024 ? 1 : 2)
 hits_fly(const i64* __restrict__ hot_rows, const i64* __restrict__ hot_locs,
          const i64* __restrict__ sel, i64* __restrict__ locs) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ unsigned tmp[32];
-    i64* packed = reinterpret_cast<i64*>(smem);
-    unsigned* bm = reinterpret_cast<unsigned*>(packed + NSLOT);
-    unsigned* pre = bm + NWORD;
-    const i64 b = blockIdx.x;
+    SHARED_LAYOUT
     i64 hr[SPT], hl[SPT], r[EPT];
 #pragma unroll
     for (int q = 0; q < SPT; ++q) {
@@ -128,25 +145,13 @@ hits_fly(const i64* __restrict__ hot_rows, const i64* __restrict__ hot_locs,
     for (int q = 0; q < SPT; ++q)
         if (hr[q] >= 0) packed[rank_of(bm, pre, (unsigned)hr[q])] = hl[q];
     __syncthreads();
-#pragma unroll
-    for (int q = 0; q < EPT; ++q) {
-        const int e = threadIdx.x + q * NT;
-        if (e >= NSEL) continue;
-        const unsigned rr = (unsigned)r[q];
-        const bool held = r[q] >= 0 && (bm[rr >> 5] >> (rr & 31)) & 1u;
-        locs[b * NSEL + e] = held ? packed[rank_of(bm, pre, rr)] : -1;
-    }
+    emit_hits(bm, pre, packed, r, locs + b * NSEL);
 }
 
 extern "C" __global__ void __launch_bounds__(NT, NT == 1024 ? 1 : 2)
 hits_bits(const unsigned* __restrict__ bits, const i64* __restrict__ ranked,
           const i64* __restrict__ sel, i64* __restrict__ locs) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ unsigned tmp[32];
-    i64* packed = reinterpret_cast<i64*>(smem);
-    unsigned* bm = reinterpret_cast<unsigned*>(packed + NSLOT);
-    unsigned* pre = bm + NWORD;
-    const i64 b = blockIdx.x;
+    SHARED_LAYOUT
     i64 rk[SPT], r[EPT];
     unsigned wd[WPT];
 #pragma unroll
@@ -173,14 +178,7 @@ hits_bits(const unsigned* __restrict__ bits, const i64* __restrict__ ranked,
     __syncthreads();
     bit_prefix(bm, pre, tmp);
     __syncthreads();
-#pragma unroll
-    for (int q = 0; q < EPT; ++q) {
-        const int e = threadIdx.x + q * NT;
-        if (e >= NSEL) continue;
-        const unsigned rr = (unsigned)r[q];
-        const bool held = r[q] >= 0 && (bm[rr >> 5] >> (rr & 31)) & 1u;
-        locs[b * NSEL + e] = held ? packed[rank_of(bm, pre, rr)] : -1;
-    }
+    emit_hits(bm, pre, packed, r, locs + b * NSEL);
 }
 """
 
