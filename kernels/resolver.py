@@ -185,8 +185,8 @@ def lookup(
     fn = ranked if rank else kernel("resolver", func, dev, True, flags)
     cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
     shared = lookup_shared_bytes(words, pow2, rank)
-    check_limit(f"shared bytes ({48 if rank else 24} * ceil(rows_bound / 128) + 8.125 * pow2(B))",
-                shared, cap)
+    check_limit(f"shared bytes ({48 if rank else 24} * ceil(rows_bound / 128) + 8.125 * pow2(B)"
+                f"{' + up to 8' if rank else ''})", shared, cap)
     args = (
         ptr(table),
         ptr(selections),
@@ -228,9 +228,10 @@ def lookup_shared_bytes(words: int, pow2: int, rank: bool = False) -> int:
     """Dynamic shared memory of the lookup (resolver_lookup.cu): the miss bitmap (u32) and
     its prefix (u16) over ``words`` rounded up to 16-byte groups, the hit bitmap over the
     ``pow2`` sorted slots, then their LRU keys (u64); the rank form adds a held-row bitmap
-    (16-byte aligned: up to 8 bytes of padding) and its prefix over the same words."""
+    (at the next 16-byte boundary) and its prefix over the same words."""
     wp = -(-words // 4) * 4
-    return 6 * wp + pow2 // 8 + 8 * pow2 + (8 + 6 * wp if rank else 0)
+    base = 6 * wp + pow2 // 8 + 8 * pow2
+    return -(-base // 16) * 16 + 6 * wp if rank else base  # held_at in resolver_lookup.cu
 
 
 def _check_round(ws: Workspace, table: torch.Tensor, selections: torch.Tensor,

@@ -68,16 +68,19 @@ def hit_form(hits: str | None, hot_slots: int, rank_fits: bool, batch: int, sms:
     slots, a rebuild (~5 us at batch 1); the random index loads it replaces cost most where
     the batch fills the GPU (160 requests x 2048 loads). With two 512-thread blocks per SM
     (DHISPARSE_LOOKUP_BLOCKS=2x512) rank takes batch 160 without misses to 23.5 us (index
-    29.4). Same results every way. Asking for rank where it cannot run is refused."""
+    29.4). Same results every way. Asking for rank where it cannot run is refused; without
+    a hot cache (B = 0) there are no hits to find and either form is the index form."""
     value = hits if hits is not None else os.environ.get("DHISPARSE_LOOKUP_HITS", "auto")
     name = "hits" if hits is not None else "DHISPARSE_LOOKUP_HITS"
     if value not in LOOKUP_HITS:
         raise InvalidArgument(f"{name}={value!r} must be one of {LOOKUP_HITS}")
     can = 0 < hot_slots <= RANK_MAX_SLOTS and rank_fits
-    if value == "rank" and not can and hot_slots:
+    if value == "rank" and hot_slots > RANK_MAX_SLOTS:
         raise InvalidArgument(
-            f"{name}='rank' needs hot_slots <= {RANK_MAX_SLOTS} (got {hot_slots}) and its shared "
-            f"memory within the SM's (fits: {rank_fits})")
+            f"{name}='rank' needs hot_slots <= {RANK_MAX_SLOTS} (got {hot_slots})")
+    if value == "rank" and hot_slots and not rank_fits:
+        raise InvalidArgument(f"{name}='rank': its shared memory (6 more bytes per 32 rows) "
+                              "does not fit the SM's for these rows and slots")
     if value == "index" or not can or (value == "auto" and batch <= sms):
         return "index"
     return "rank"

@@ -107,6 +107,7 @@ class State:
         self.hot_index = torch.full((P, S), -1, **i64)  # row -> packed hot slot (request.py)
         self.hot_rank = new_rank_cache(S, B, dev, P)  # the rank form's cache (request.py)
         self.held_changed = True  # set by calls with misses (Case.call), cleared by restore
+        self.last_cold: bool | None = None  # the kind of the last restore (warm / cold)
         self.res_index = self.hot_locs << HOT_SLOT_BITS | torch.arange(B, **i64)
         self.tail_locs = torch.arange(P * B, P * B + P * TAIL_ROWS, **i64).view(P, TAIL_ROWS)
         pages = -(-S // PAGE_ROWS)
@@ -148,12 +149,14 @@ class State:
 
     def restore(self, cold: bool) -> None:
         """The hot cache as the cases start it. Where a call since the last restore changed
-        which rows are held (``held_changed``: misses took slots), hot_rows is written back
-        and the rank form's cache goes stale, as every writer of hot_rows makes it; after
-        calls without misses it stays valid, as in serving."""
-        if self.held_changed:
+        which rows are held (``held_changed``: misses took slots), or where this restore
+        changes them (warm after cold or the other way), the rank form's cache goes stale, as
+        every writer of hot_rows makes it; after calls without misses it stays valid, as in
+        serving."""
+        if self.held_changed or cold != self.last_cold:  # calls or this restore change them
             self.hot_rank[:, RANK_VERSION] += 1
             self.held_changed = False
+        self.last_cold = cold
         self.hot_index.fill_(-1)
         if cold:
             self.hot_rows.fill_(-1)

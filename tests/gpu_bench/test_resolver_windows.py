@@ -59,9 +59,12 @@ def test_restore_makes_the_rank_caches_stale_only_after_calls_that_changed_the_h
     st.restore(cold=False)  # the first restore: the state was never laid out
     st.restore(cold=False)
     assert st.hot_rank[:, RANK_VERSION].tolist() == [1, 1]
+    st.restore(cold=True)  # no call changed them, but cold empties the caches
+    st.restore(cold=True)
+    assert st.hot_rank[:, RANK_VERSION].tolist() == [2, 2]
     st.held_changed = True
     st.restore(cold=True)
-    assert st.hot_rank[:, RANK_VERSION].tolist() == [2, 2] and not st.held_changed
+    assert st.hot_rank[:, RANK_VERSION].tolist() == [3, 3] and not st.held_changed
     table = st.table(2)
     assert table.shape == (2, 12) and table[0, 9].item() == rank_words(st.S)
     assert table[0, 8].item() == st.hot_rank[0].data_ptr()

@@ -82,6 +82,8 @@ def test_every_writer_of_hot_rows_makes_the_rank_cache_stale() -> None:
     set_hot_rows_where(s, torch.tensor([3]), torch.tensor([11]), torch.tensor([True]))
     reindex_hot(s)
     assert int(s.hot_rank[RANK_VERSION]) == v + 3
+    set_hot_rows_where(s, torch.tensor([4]), torch.tensor([12]), torch.tensor([False]))
+    assert int(s.hot_rank[RANK_VERSION]) == v + 3  # no pair moved: the cache stays valid
     assert int(s.hot_rank[RANK_BUILT]) == -1  # a new request's cache was never built
 
 

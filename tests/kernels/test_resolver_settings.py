@@ -128,6 +128,9 @@ def test_hit_form_defaults_to_rank_above_the_sm_count_where_it_can_run(monkeypat
     assert kres.hit_form("index", 4096, True, 1, 132) == "index"  # the argument first
     with pytest.raises(InvalidArgument, match=r"hits='rank' needs hot_slots <= 65535 \(got 7"):
         kres.hit_form("rank", 70_000, True, 1, 132)
+    with pytest.raises(InvalidArgument, match=r"hits='rank': its shared memory .* does not fit"):
+        kres.hit_form("rank", 4096, False, 1, 132)
+    assert kres.hit_form("rank", 0, True, 1, 132) == "index"  # no hot cache, no hits to find
     monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", "scan")
     with pytest.raises(InvalidArgument, match="DHISPARSE_LOOKUP_HITS='scan' must be one of"):
         kres.hit_form(None, 4096, True, 1, 132)

@@ -194,7 +194,8 @@ def set_hot_rows_where(state: RequestState, slots: torch.Tensor, rows: torch.Ten
     new = torch.where(valid, hot_entries(state, slots) - state.hot_index[at], 0)
     state.hot_index.index_put_((at,), new, accumulate=True)
     state.hot_rows[slots] = torch.where(valid, rows, old)
-    bump_hot(state)
+    if state.hot_rank.numel():  # stale only where a pair moved (no device read)
+        state.hot_rank[RANK_VERSION] += valid.any()
 
 
 def reindex_hot(state: RequestState) -> None:
