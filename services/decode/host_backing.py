@@ -77,7 +77,7 @@ class RetryingProvider:
         # thread releases, and an open waits behind the closer's attempt
         self.close_timeout_s = close_timeout_s
         self.retries = 0
-        self._deferred: list[tuple[str, int]] = []
+        self._deferred: list[tuple[str, int, int]] = []  # (request, source, opening)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._closer = threading.Thread(target=self._close_deferred, daemon=True,
@@ -100,8 +100,7 @@ class RetryingProvider:
     def open(self, request_id: str, source_id: int, row_bytes: int,
              num_rows: int) -> RetryingHistory:
         with self._lock:  # wanted again before its deferred close ran: keep it
-            if (request_id, source_id) in self._deferred:
-                self._deferred.remove((request_id, source_id))
+            self._deferred = [d for d in self._deferred if d[:2] != (request_id, source_id)]
         # one token for every attempt: a retry after a lost reply still learns that this
         # open created the history (a failed admission must free it)
         token = uuid.uuid4().hex
@@ -114,16 +113,20 @@ class RetryingProvider:
         """Free the history now, or later from a background thread when the store cannot
         answer (down, restarting, slow): a release waits for the store at most
         ``close_timeout_s`` per history (it used to wait the client's 10 s RPC timeout) and
-        never fails for it. NotFound means its lease ran out meanwhile: it is freed
-        already."""
+        never fails for it. NotFound means its lease ran out meanwhile (it is freed already)
+        or the key was opened again after this close set out (the store keeps that one).
+        The close names the opening it maps, retries too: a key opened again meanwhile
+        is not freed by this close."""
+        opening = self.client.opening_of(request_id, source_id)
         try:
-            self.client.close(request_id, source_id, timeout=self.close_timeout_s)
+            self.client.close(request_id, source_id, timeout=self.close_timeout_s,
+                              opening=opening)
         except NotFound:
             pass
         except DHiSparseError as exc:
             log.warning("kvstore close of %s/%d deferred: %s", request_id, source_id, exc)
             with self._lock:
-                self._deferred.append((request_id, source_id))
+                self._deferred.append((request_id, source_id, opening))
 
     @property
     def deferred(self) -> int:
@@ -138,14 +141,16 @@ class RetryingProvider:
     def _close_some(self) -> None:
         """(Lock held.) Retry the deferred closes in order until one fails to reach the store."""
         todo, self._deferred = self._deferred, []
-        for i, key in enumerate(todo):
+        for i, (request_id, source_id, opening) in enumerate(todo):
             try:
-                self.client.close(*key, timeout=self.close_timeout_s)
+                self.client.close(request_id, source_id, timeout=self.close_timeout_s,
+                                  opening=opening)
             except NotFound:
                 pass                      # its lease expired meanwhile: already freed
             except Exception as exc:      # anything else: keep the rest for next time
                 if not isinstance(exc, Unavailable):
-                    log.warning("deferred kvstore close of %s/%d failed: %s", *key, exc)
+                    log.warning("deferred kvstore close of %s/%d failed: %s", request_id,
+                                source_id, exc)
                 self._deferred.extend(todo[i:])
                 break
 

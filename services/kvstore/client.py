@@ -61,6 +61,7 @@ class MappedHistory:
         self._set_backed(ranges_of(info.backed))
         self._dev_ptr: int | None = None
         self.created = True  # KVStoreClient.open: False when the store re-attached it
+        self.opening = info.opening  # the store's opening this mapping came from (close)
         if register_cuda:
             from services.kvstore import cuda
             self._dev_ptr = cuda.register(self._rows.data_ptr(), n)
@@ -202,22 +203,32 @@ class KVStoreClient:
             self._open[key] = h
         return h
 
-    def close(self, request_id: str, source_id: int, timeout: float | None = None) -> None:
-        """Free the history in the store and unmap it here. The mapping goes whatever the
-        store answers: NotFound (its lease ran out: the history is gone there), or no answer
-        in time (the close may have gone through: a later ``open`` asks the store again
-        instead of handing out a mapping of a freed history). ``timeout`` replaces the
-        client's RPC timeout for this call."""
-        try:
-            self.rpc.close(request_id, source_id, self.owner, timeout)
-        finally:
-            self._unmap(request_id, source_id)
+    def opening_of(self, request_id: str, source_id: int) -> int:
+        """The store's opening of this client's mapping of the key (0: none mapped)."""
+        with self._lock:
+            h = self._open.get((request_id, source_id))
+        return h.opening if h is not None else 0
 
-    def _unmap(self, request_id: str, source_id: int) -> None:
+    def close(self, request_id: str, source_id: int, timeout: float | None = None,
+              opening: int | None = None) -> None:
+        """Free the history in the store and unmap it here. The mapping leaves this
+        client's table before the call, so an ``open`` of the key meanwhile asks the store
+        (it re-attaches, or creates anew once the close went through) instead of handing
+        out this mapping; the close names the opening it maps, so a re-attach that reached
+        the store first keeps the history (the close answers NotFound). The mapping goes
+        whatever the store answers: NotFound (its lease ran out, or a re-attach overtook
+        the close), or no answer in time. ``timeout`` replaces the client's RPC timeout
+        for this call; ``opening`` the mapping's opening (a retried close whose mapping went
+        with its first attempt; 0 closes whatever the key holds)."""
         with self._lock:
             h = self._open.pop((request_id, source_id), None)
-        if h is not None:
-            h.close()
+        if opening is None:
+            opening = h.opening if h is not None else 0
+        try:
+            self.rpc.close(request_id, source_id, self.owner, timeout, opening=opening)
+        finally:
+            if h is not None:
+                h.close()
 
     def renew(self) -> int:
         """Renew the leases of the histories this client has mapped; returns how many it

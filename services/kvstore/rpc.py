@@ -102,9 +102,10 @@ class KVStoreRPC:
         return ranges_of(resp.backed)
 
     def close(self, request_id: str, source_id: int, owner: str,
-              timeout: float | None = None) -> int:
+              timeout: float | None = None, opening: int = 0) -> int:
         return self._call(self.stub.CloseHistory, pb.CloseHistoryRequest(
-            key=key_pb(request_id, source_id), owner=owner), timeout=timeout).freed_bytes
+            key=key_pb(request_id, source_id), owner=owner, opening=opening),
+            timeout=timeout).freed_bytes
 
     def renew(self, owner: str, keys: list[tuple[str, int]] | None = None,
               lease_seconds: float = 0.0) -> pb.RenewLeaseResponse:

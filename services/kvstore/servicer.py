@@ -54,7 +54,8 @@ def history_pb(info: HistoryInfo) -> pb.HistoryInfo:
         owner=info.owner, row_bytes=info.row_bytes, num_rows=info.num_rows,
         segment_name=name, segment_path=info.segment_path, segment_offset=0,
         backed_rows=sum(b - a for a, b in info.backed),
-        backed=ranges_pb(info.backed), lease_expires_unix=info.lease_expires)
+        backed=ranges_pb(info.backed), lease_expires_unix=info.lease_expires,
+        opening=info.opening)
 
 
 def ranges_pb(ranges: tuple[tuple[int, int], ...]) -> list[pb.RowRange]:
@@ -132,7 +133,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     async def CloseHistory(self, request: pb.CloseHistoryRequest, context: Any
                            ) -> pb.CloseHistoryResponse:
         freed = self.store.close_history(request.key.request_id, request.key.source_id,
-                                         request.owner)
+                                         request.owner, request.opening)
         return pb.CloseHistoryResponse(freed_bytes=freed)
 
     @_counted

@@ -83,6 +83,7 @@ class HistoryInfo:
     segment_bytes: int
     backed: Ranges
     lease_expires: float
+    opening: int = 0  # which opening this answer belongs to (close_history's opening=)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +101,13 @@ class _History:
     segment: Segment
     backed: RangeSet
     generation: int = 0  # unique per history this store process opened or recovered
+    opening: int = 0  # its latest opening: a new value at creation and at every re-attach
 
     def info(self, lease_expires: float) -> HistoryInfo:
         r = self.record
         return HistoryInfo(r.request_id, r.source_id, r.owner, r.row_bytes, r.num_rows,
                            str(self.segment.path), r.segment_bytes, tuple(self.backed),
-                           lease_expires)
+                           lease_expires, self.opening)
 
 
 class KVStore:
@@ -124,6 +126,7 @@ class KVStore:
         self._used = 0
         self._expiries = 0
         self._generations = itertools.count(1)
+        self._openings = itertools.count(1)  # the openings of every history (one counter)
         self._manifest = Manifest(options.manifest_dir)
         self._segment_re = re.compile(rf"^{re.escape(options.prefix)}-[0-9a-f]{{32}}$")
         self._recovered = self._recover()
@@ -172,7 +175,8 @@ class KVStore:
                 record = HistoryRecord(request_id, source_id, owner, row_bytes, num_rows,
                                        name, size, deadline, open_id=open_id)
                 self._manifest.save(record)
-                h = _History(record, seg, RangeSet(), next(self._generations))
+                h = _History(record, seg, RangeSet(), next(self._generations),
+                             next(self._openings))
                 self._histories[key] = h
                 self._leases.renew(key, deadline)
                 return h.info(deadline), True
@@ -202,12 +206,20 @@ class KVStore:
                 f"num_rows={r.num_rows}; asked for row_bytes={row_bytes}, num_rows={num_rows}")
         deadline = max(self._leases.deadline(key), self._clock() + lease)
         self._persist_leases([key], deadline)
+        h.opening = next(self._openings)  # a close naming an earlier opening leaves it be
         return h.info(deadline)
 
-    def close_history(self, request_id: str, source_id: int, owner: str) -> int:
-        """Free a history; returns the bytes freed."""
+    def close_history(self, request_id: str, source_id: int, owner: str, opening: int = 0
+                      ) -> int:
+        """Free a history; returns the bytes freed. ``opening`` (from the open's answer):
+        only while the history is still that opening's -- a close that a re-attach of the
+        same key overtook is refused (NotFound) and the re-attached history stays."""
         with self._lock:
-            key, _ = self._owned(request_id, source_id, owner)
+            key, h = self._owned(request_id, source_id, owner)
+            if opening and h.opening != opening:
+                raise NotFound(f"history {request_id}/{source_id} was opened again (opening "
+                               f"{h.opening}) after opening {opening}, which this close names; "
+                               "it stays open")
             return self._free(key)
 
     def _free(self, key: HistoryKey) -> int:

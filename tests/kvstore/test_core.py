@@ -138,6 +138,28 @@ def test_attach_returns_existing_history(store: KVStore, clock: Clock) -> None:
     assert again.lease_expires == clock.now + 5  # re-attach renews
 
 
+def test_a_close_naming_an_earlier_opening_leaves_a_reattached_history(store: KVStore) -> None:
+    """Each open that returns a history is a new opening; a close overtaken by a re-attach
+    (it names the earlier opening) is refused and frees nothing, while streams keep their
+    generation (a re-attach is the same history)."""
+    first, _ = store.open("r", 0, "w0", 16, 8, attach=True)
+    gen = store.generation("r", 0)
+    store.write("r", 0, "w0", 0, b"\x05" * 32)
+    store.commit("r", 0, "w0", [(0, 2)])
+    again, created = store.open("r", 0, "w0", 16, 8, attach=True)
+    assert not created and again.opening > first.opening > 0
+    assert store.generation("r", 0) == gen
+    with pytest.raises(NotFound, match="was opened again"):
+        store.close_history("r", 0, "w0", opening=first.opening)
+    assert store.info("r", 0).backed == ((0, 2),)  # nothing freed
+    assert store.close_history("r", 0, "w0", opening=again.opening) > 0
+    with pytest.raises(NotFound):
+        store.info("r", 0)
+    fresh, created = store.open("r", 0, "w0", 16, 8, attach=True)
+    assert created and fresh.opening > again.opening
+    assert store.close_history("r", 0, "w0") > 0  # no opening named: whatever the key holds
+
+
 def test_recovery_after_crash_keeps_committed_rows(prefix: str, clock: Clock) -> None:
     crashed = KVStore(options(prefix), clock)
     crashed.open("a", 0, "w0", 32, 16)

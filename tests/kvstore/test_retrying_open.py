@@ -30,8 +30,12 @@ class LosingClient:
             raise Unavailable("kvstore went away before replying")
         return SimpleNamespace(created=created)
 
-    def close(self, request_id: str, source_id: int, timeout: float | None = None) -> None:
-        self.store.close_history(request_id, source_id, "w0")
+    def opening_of(self, request_id: str, source_id: int) -> int:
+        return 0  # closes whatever the key holds
+
+    def close(self, request_id: str, source_id: int, timeout: float | None = None,
+              opening: int | None = None) -> None:
+        self.store.close_history(request_id, source_id, "w0", opening or 0)
 
     def shutdown(self) -> None:
         pass
@@ -59,11 +63,17 @@ class FlakyCloser:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
+        self.openings: dict[tuple[str, int], set[int | None]] = {}  # named by each close
         self.timeouts: set[float | None] = set()
         self.mode = "ok"
 
-    def close(self, request_id: str, source_id: int, timeout: float | None = None) -> None:
+    def opening_of(self, request_id: str, source_id: int) -> int:
+        return 100 + len(request_id)  # the opening of the client's mapping (none after a close)
+
+    def close(self, request_id: str, source_id: int, timeout: float | None = None,
+              opening: int | None = None) -> None:
         self.calls.append((request_id, source_id))
+        self.openings.setdefault((request_id, source_id), set()).add(opening)
         self.timeouts.add(timeout)
         if self.mode == "down":
             raise Unavailable("kvstore down")
@@ -99,6 +109,9 @@ def test_closes_are_deferred_on_any_store_error_and_survive_them() -> None:
         # a stalled store holds a release (or an open behind the closer) for the short
         # close timeout, not the client's RPC timeout
         assert client.timeouts == {provider.close_timeout_s} and provider.close_timeout_s <= 1
+        # every try names the opening the first one mapped: a key opened again meanwhile
+        # (a newer opening in the store) is not freed by a late retry
+        assert client.openings[("a", 0)] == {101} and client.openings[("b", 0)] == {101}
     finally:
         provider.shutdown()
 

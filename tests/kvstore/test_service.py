@@ -93,8 +93,12 @@ def test_mapped_and_grpc_paths_see_the_same_bytes(server: StoreProcess, rpc: KVS
         # A new client of the same owner (a restarted worker) re-attaches through the store.
         with KVStoreClient(server.target, OWNER, register_cuda=False) as other:
             assert not other.open("mapped", 0, 656, 300).created
-        client.close("mapped", 0)
+        # ... and holds it from then on: the first client's close names its own, earlier
+        # opening and is refused (it still unmaps); the restarted worker's opening frees it
+        with pytest.raises(NotFound, match="opened again"):
+            client.close("mapped", 0)
         assert h.closed
+        rpc.close("mapped", 0, OWNER)
 
 
 def test_open_token_travels_over_grpc(rpc: KVStoreRPC) -> None:
@@ -147,6 +151,37 @@ def test_a_close_without_an_answer_unmaps_so_a_reopen_asks_the_store(
         again = client.open("late", 0, 656, 8)
         assert again is not h and again.created
         client.close("late", 0)
+
+
+def test_a_close_overtaken_by_a_reopen_of_the_key_leaves_the_reopened_history(
+        server: StoreProcess, rpc: KVStoreRPC, monkeypatch) -> None:
+    """A close still on its way when the key is opened again: the open re-attaches first
+    (the mapping already left the client's table, so the open asks the store), then the
+    close arrives naming the earlier opening and is refused; the re-opened history and its
+    committed rows stay, and its own close frees it."""
+    with KVStoreClient(server.target, OWNER, register_cuda=False) as client:
+        h = client.open("again", 0, 16, 8)
+        h.write(0, torch.full((2, 16), 7, dtype=torch.uint8))
+        h.commit(0, 2)
+        real, reopened = client.rpc.close, []
+
+        def overtaken_close(*a, **kw):
+            reopened.append(client.open("again", 0, 16, 8))  # reaches the store first
+            return real(*a, **kw)
+
+        monkeypatch.setattr(client.rpc, "close", overtaken_close)
+        with pytest.raises(NotFound, match=r"was opened again .* which this close names"):
+            client.close("again", 0)
+        monkeypatch.setattr(client.rpc, "close", real)
+        again = reopened[0]
+        assert h.closed and again is not h and not again.created  # re-attached, not new
+        assert again.opening > h.opening and not again.closed
+        assert again.backed_mask()[:2].all() and bool((again.rows()[:2] == 7).all())
+        with pytest.raises(NotFound, match="opened again"):  # the stale opening, by hand
+            rpc.close("again", 0, OWNER, opening=h.opening)
+        client.close("again", 0)  # the current opening frees it
+    keys = {(x.key.request_id, x.key.source_id) for x in rpc.stats(include_histories=True).history}
+    assert ("again", 0) not in keys
 
 
 def test_open_whose_mapping_fails_frees_what_it_created(

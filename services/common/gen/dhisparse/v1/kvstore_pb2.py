@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x64hisparse/v1/kvstore.proto\x12\x0c\x64hisparse.v1\"3\n\nHistoryKey\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tsource_id\x18\x02 \x01(\r\"\'\n\x08RowRange\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x0c\n\x04stop\x18\x02 \x01(\x04\"\xa7\x01\n\x12OpenHistoryRequest\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.dhisparse.v1.HistoryKey\x12\x11\n\trow_bytes\x18\x02 \x01(\r\x12\x10\n\x08num_rows\x18\x03 \x01(\x04\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x15\n\rlease_seconds\x18\x05 \x01(\x01\x12\x0e\n\x06\x61ttach\x18\x06 \x01(\x08\x12\x0f\n\x07open_id\x18\x07 \x01(\t\"\x85\x02\n\x0bHistoryInfo\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.dhisparse.v1.HistoryKey\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x11\n\trow_bytes\x18\x03 \x01(\r\x12\x10\n\x08num_rows\x18\x04 \x01(\x04\x12\x14\n\x0csegment_name\x18\x05 \x01(\t\x12\x14\n\x0csegment_path\x18\x06 \x01(\t\x12\x16\n\x0esegment_offset\x18\x07 \x01(\x04\x12\x13\n\x0b\x62\x61\x63ked_rows\x18\x08 \x01(\x04\x12&\n\x06\x62\x61\x63ked\x18\t \x03(\x0b\x32\x16.dhisparse.v1.RowRange\x12\x1a\n\x12lease_expires_unix\x18\n \x01(\x01\"l\n\x13OpenHistoryResponse\x12*\n\x07history\x18\x01 \x01(\x0b\x32\x19.dhisparse.v1.HistoryInfo\x12\x10\n\x08\x61ttached\x18\x02 \x01(\x08\x12\x17\n\x0fmax_chunk_bytes\x18\x03 \x01(\r\"w\n\x0eWriteRowsChunk\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.dhisparse.v1.HistoryKey\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x11\n\tfirst_row\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63ommit\x18\x05 \x01(\x08\"h\n\x11WriteRowsResponse\x12\x14\n\x0crows_written\x18\x01 \x01(\x04\x12\x15\n\rbytes_written\x18\x02 \x01(\x04\x12&\n\x06\x62\x61\x63ked\x18\x03 \x03(\x0b\x32\x16.dhisparse.v1.RowRange\"\x90\x01\n\x0fReadRowsRequest\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.dhisparse.v1.HistoryKey\x12%\n\x05range\x18\x02 \x01(\x0b\x32\x16.dhisparse.v1.RowRange\x12\x17\n\x0fmax_chunk_bytes\x18\x03 \x01(\r\x12\x16\n\x0erequire_backed\x18\x04 \x01(\x08\"0\n\rReadRowsChunk\x12\x11\n\tfirst_row\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"q\n\x11\x43ommitRowsRequest\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.dhisparse.v1.HistoryKey\x12\r\n\x05owner\x18\x02 \x01(\t\x12&\n\x06ranges\x18\x03 \x03(\x0b\x32\x16.dhisparse.v1.RowRange\"Q\n\x12\x43ommitRowsResponse\x12\x13\n\x0b\x62\x61\x63ked_rows\x18\x01 \x01(\x04\x12&\n\x06\x62\x61\x63ked\x18\x02 \x03(\x0b\x32\x16.dhisparse.v1.RowRange\"K\n\x13\x43loseHistoryRequest\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.dhisparse.v1.HistoryKey\x12\r\n\x05owner\x18\x02 \x01(\t\"+\n\x14\x43loseHistoryResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\"a\n\x11RenewLeaseRequest\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\x12&\n\x04keys\x18\x03 \x03(\x0b\x32\x18.dhisparse.v1.HistoryKey\"A\n\x12RenewLeaseResponse\x12\x0f\n\x07renewed\x18\x01 \x01(\r\x12\x1a\n\x12lease_expires_unix\x18\x02 \x01(\x01\"O\n\x0fGetStatsRequest\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x19\n\x11include_histories\x18\x03 \x01(\x08\"\x95\x01\n\x10GetStatsResponse\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x01 \x01(\x04\x12\x12\n\nused_bytes\x18\x02 \x01(\x04\x12\x11\n\thistories\x18\x03 \x01(\r\x12\x16\n\x0elease_expiries\x18\x04 \x01(\x04\x12*\n\x07history\x18\x05 \x03(\x0b\x32\x19.dhisparse.v1.HistoryInfo2\xb9\x04\n\x07KVStore\x12R\n\x0bOpenHistory\x12 .dhisparse.v1.OpenHistoryRequest\x1a!.dhisparse.v1.OpenHistoryResponse\x12L\n\tWriteRows\x12\x1c.dhisparse.v1.WriteRowsChunk\x1a\x1f.dhisparse.v1.WriteRowsResponse(\x01\x12H\n\x08ReadRows\x12\x1d.dhisparse.v1.ReadRowsRequest\x1a\x1b.dhisparse.v1.ReadRowsChunk0\x01\x12O\n\nCommitRows\x12\x1f.dhisparse.v1.CommitRowsRequest\x1a .dhisparse.v1.CommitRowsResponse\x12U\n\x0c\x43loseHistory\x12!.dhisparse.v1.CloseHistoryRequest\x1a\".dhisparse.v1.CloseHistoryResponse\x12O\n\nRenewLease\x12\x1f.dhisparse.v1.RenewLeaseRequest\x1a .dhisparse.v1.RenewLeaseResponse\x12I\n\x08GetStats\x12\x1d.dhisparse.v1.GetStatsRequest\x1a\x1e.dhisparse.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x64hisparse/v1/kvstore.proto\x12\x0c\x64hisparse.v1\"3\n\nHistoryKey\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tsource_id\x18\x02 \x01(\r\"\'\n\x08RowRange\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x0c\n\x04stop\x18\x02 \x01(\x04\"\xa7\x01\n\x12OpenHistoryRequest\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.dhisparse.v1.HistoryKey\x12\x11\n\trow_bytes\x18\x02 \x01(\r\x12\x10\n\x08num_rows\x18\x03 \x01(\x04\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x15\n\rlease_seconds\x18\x05 \x01(\x01\x12\x0e\n\x06\x61ttach\x18\x06 \x01(\x08\x12\x0f\n\x07open_id\x18\x07 \x01(\t\"\x96\x02\n\x0bHistoryInfo\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.dhisparse.v1.HistoryKey\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x11\n\trow_bytes\x18\x03 \x01(\r\x12\x10\n\x08num_rows\x18\x04 \x01(\x04\x12\x14\n\x0csegment_name\x18\x05 \x01(\t\x12\x14\n\x0csegment_path\x18\x06 \x01(\t\x12\x16\n\x0esegment_offset\x18\x07 \x01(\x04\x12\x13\n\x0b\x62\x61\x63ked_rows\x18\x08 \x01(\x04\x12&\n\x06\x62\x61\x63ked\x18\t \x03(\x0b\x32\x16.dhisparse.v1.RowRange\x12\x1a\n\x12lease_expires_unix\x18\n \x01(\x01\x12\x0f\n\x07opening\x18\x0b \x01(\x04\"l\n\x13OpenHistoryResponse\x12*\n\x07history\x18\x01 \x01(\x0b\x32\x19.dhisparse.v1.HistoryInfo\x12\x10\n\x08\x61ttached\x18\x02 \x01(\x08\x12\x17\n\x0fmax_chunk_bytes\x18\x03 \x01(\r\"w\n\x0eWriteRowsChunk\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.dhisparse.v1.HistoryKey\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x11\n\tfirst_row\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63ommit\x18\x05 \x01(\x08\"h\n\x11WriteRowsResponse\x12\x14\n\x0crows_written\x18\x01 \x01(\x04\x12\x15\n\rbytes_written\x18\x02 \x01(\x04\x12&\n\x06\x62\x61\x63ked\x18\x03 \x03(\x0b\x32\x16.dhisparse.v1.RowRange\"\x90\x01\n\x0fReadRowsRequest\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.dhisparse.v1.HistoryKey\x12%\n\x05range\x18\x02 \x01(\x0b\x32\x16.dhisparse.v1.RowRange\x12\x17\n\x0fmax_chunk_bytes\x18\x03 \x01(\r\x12\x16\n\x0erequire_backed\x18\x04 \x01(\x08\"0\n\rReadRowsChunk\x12\x11\n\tfirst_row\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"q\n\x11\x43ommitRowsRequest\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.dhisparse.v1.HistoryKey\x12\r\n\x05owner\x18\x02 \x01(\t\x12&\n\x06ranges\x18\x03 \x03(\x0b\x32\x16.dhisparse.v1.RowRange\"Q\n\x12\x43ommitRowsResponse\x12\x13\n\x0b\x62\x61\x63ked_rows\x18\x01 \x01(\x04\x12&\n\x06\x62\x61\x63ked\x18\x02 \x03(\x0b\x32\x16.dhisparse.v1.RowRange\"\\\n\x13\x43loseHistoryRequest\x12%\n\x03key\x18\x01 \x01(\x0b\x32\x18.dhisparse.v1.HistoryKey\x12\r\n\x05owner\x18\x02 \x01(\t\x12\x0f\n\x07opening\x18\x03 \x01(\x04\"+\n\x14\x43loseHistoryResponse\x12\x13\n\x0b\x66reed_bytes\x18\x01 \x01(\x04\"a\n\x11RenewLeaseRequest\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x15\n\rlease_seconds\x18\x02 \x01(\x01\x12&\n\x04keys\x18\x03 \x03(\x0b\x32\x18.dhisparse.v1.HistoryKey\"A\n\x12RenewLeaseResponse\x12\x0f\n\x07renewed\x18\x01 \x01(\r\x12\x1a\n\x12lease_expires_unix\x18\x02 \x01(\x01\"O\n\x0fGetStatsRequest\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x19\n\x11include_histories\x18\x03 \x01(\x08\"\x95\x01\n\x10GetStatsResponse\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x01 \x01(\x04\x12\x12\n\nused_bytes\x18\x02 \x01(\x04\x12\x11\n\thistories\x18\x03 \x01(\r\x12\x16\n\x0elease_expiries\x18\x04 \x01(\x04\x12*\n\x07history\x18\x05 \x03(\x0b\x32\x19.dhisparse.v1.HistoryInfo2\xb9\x04\n\x07KVStore\x12R\n\x0bOpenHistory\x12 .dhisparse.v1.OpenHistoryRequest\x1a!.dhisparse.v1.OpenHistoryResponse\x12L\n\tWriteRows\x12\x1c.dhisparse.v1.WriteRowsChunk\x1a\x1f.dhisparse.v1.WriteRowsResponse(\x01\x12H\n\x08ReadRows\x12\x1d.dhisparse.v1.ReadRowsRequest\x1a\x1b.dhisparse.v1.ReadRowsChunk0\x01\x12O\n\nCommitRows\x12\x1f.dhisparse.v1.CommitRowsRequest\x1a .dhisparse.v1.CommitRowsResponse\x12U\n\x0c\x43loseHistory\x12!.dhisparse.v1.CloseHistoryRequest\x1a\".dhisparse.v1.CloseHistoryResponse\x12O\n\nRenewLease\x12\x1f.dhisparse.v1.RenewLeaseRequest\x1a .dhisparse.v1.RenewLeaseResponse\x12I\n\x08GetStats\x12\x1d.dhisparse.v1.GetStatsRequest\x1a\x1e.dhisparse.v1.GetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,33 +39,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENHISTORYREQUEST']._serialized_start=139
   _globals['_OPENHISTORYREQUEST']._serialized_end=306
   _globals['_HISTORYINFO']._serialized_start=309
-  _globals['_HISTORYINFO']._serialized_end=570
-  _globals['_OPENHISTORYRESPONSE']._serialized_start=572
-  _globals['_OPENHISTORYRESPONSE']._serialized_end=680
-  _globals['_WRITEROWSCHUNK']._serialized_start=682
-  _globals['_WRITEROWSCHUNK']._serialized_end=801
-  _globals['_WRITEROWSRESPONSE']._serialized_start=803
-  _globals['_WRITEROWSRESPONSE']._serialized_end=907
-  _globals['_READROWSREQUEST']._serialized_start=910
-  _globals['_READROWSREQUEST']._serialized_end=1054
-  _globals['_READROWSCHUNK']._serialized_start=1056
-  _globals['_READROWSCHUNK']._serialized_end=1104
-  _globals['_COMMITROWSREQUEST']._serialized_start=1106
-  _globals['_COMMITROWSREQUEST']._serialized_end=1219
-  _globals['_COMMITROWSRESPONSE']._serialized_start=1221
-  _globals['_COMMITROWSRESPONSE']._serialized_end=1302
-  _globals['_CLOSEHISTORYREQUEST']._serialized_start=1304
-  _globals['_CLOSEHISTORYREQUEST']._serialized_end=1379
-  _globals['_CLOSEHISTORYRESPONSE']._serialized_start=1381
-  _globals['_CLOSEHISTORYRESPONSE']._serialized_end=1424
-  _globals['_RENEWLEASEREQUEST']._serialized_start=1426
-  _globals['_RENEWLEASEREQUEST']._serialized_end=1523
-  _globals['_RENEWLEASERESPONSE']._serialized_start=1525
-  _globals['_RENEWLEASERESPONSE']._serialized_end=1590
-  _globals['_GETSTATSREQUEST']._serialized_start=1592
-  _globals['_GETSTATSREQUEST']._serialized_end=1671
-  _globals['_GETSTATSRESPONSE']._serialized_start=1674
-  _globals['_GETSTATSRESPONSE']._serialized_end=1823
-  _globals['_KVSTORE']._serialized_start=1826
-  _globals['_KVSTORE']._serialized_end=2395
+  _globals['_HISTORYINFO']._serialized_end=587
+  _globals['_OPENHISTORYRESPONSE']._serialized_start=589
+  _globals['_OPENHISTORYRESPONSE']._serialized_end=697
+  _globals['_WRITEROWSCHUNK']._serialized_start=699
+  _globals['_WRITEROWSCHUNK']._serialized_end=818
+  _globals['_WRITEROWSRESPONSE']._serialized_start=820
+  _globals['_WRITEROWSRESPONSE']._serialized_end=924
+  _globals['_READROWSREQUEST']._serialized_start=927
+  _globals['_READROWSREQUEST']._serialized_end=1071
+  _globals['_READROWSCHUNK']._serialized_start=1073
+  _globals['_READROWSCHUNK']._serialized_end=1121
+  _globals['_COMMITROWSREQUEST']._serialized_start=1123
+  _globals['_COMMITROWSREQUEST']._serialized_end=1236
+  _globals['_COMMITROWSRESPONSE']._serialized_start=1238
+  _globals['_COMMITROWSRESPONSE']._serialized_end=1319
+  _globals['_CLOSEHISTORYREQUEST']._serialized_start=1321
+  _globals['_CLOSEHISTORYREQUEST']._serialized_end=1413
+  _globals['_CLOSEHISTORYRESPONSE']._serialized_start=1415
+  _globals['_CLOSEHISTORYRESPONSE']._serialized_end=1458
+  _globals['_RENEWLEASEREQUEST']._serialized_start=1460
+  _globals['_RENEWLEASEREQUEST']._serialized_end=1557
+  _globals['_RENEWLEASERESPONSE']._serialized_start=1559
+  _globals['_RENEWLEASERESPONSE']._serialized_end=1624
+  _globals['_GETSTATSREQUEST']._serialized_start=1626
+  _globals['_GETSTATSREQUEST']._serialized_end=1705
+  _globals['_GETSTATSRESPONSE']._serialized_start=1708
+  _globals['_GETSTATSRESPONSE']._serialized_end=1857
+  _globals['_KVSTORE']._serialized_start=1860
+  _globals['_KVSTORE']._serialized_end=2429
 # @@protoc_insertion_point(module_scope)

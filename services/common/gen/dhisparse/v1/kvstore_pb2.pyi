@@ -42,7 +42,7 @@ class OpenHistoryRequest(_message.Message):
     def __init__(self, key: _Optional[_Union[HistoryKey, _Mapping]] = ..., row_bytes: _Optional[int] = ..., num_rows: _Optional[int] = ..., owner: _Optional[str] = ..., lease_seconds: _Optional[float] = ..., attach: _Optional[bool] = ..., open_id: _Optional[str] = ...) -> None: ...
 
 class HistoryInfo(_message.Message):
-    __slots__ = ("key", "owner", "row_bytes", "num_rows", "segment_name", "segment_path", "segment_offset", "backed_rows", "backed", "lease_expires_unix")
+    __slots__ = ("key", "owner", "row_bytes", "num_rows", "segment_name", "segment_path", "segment_offset", "backed_rows", "backed", "lease_expires_unix", "opening")
     KEY_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     ROW_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class HistoryInfo(_message.Message):
     BACKED_ROWS_FIELD_NUMBER: _ClassVar[int]
     BACKED_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_UNIX_FIELD_NUMBER: _ClassVar[int]
+    OPENING_FIELD_NUMBER: _ClassVar[int]
     key: HistoryKey
     owner: str
     row_bytes: int
@@ -63,7 +64,8 @@ class HistoryInfo(_message.Message):
     backed_rows: int
     backed: _containers.RepeatedCompositeFieldContainer[RowRange]
     lease_expires_unix: float
-    def __init__(self, key: _Optional[_Union[HistoryKey, _Mapping]] = ..., owner: _Optional[str] = ..., row_bytes: _Optional[int] = ..., num_rows: _Optional[int] = ..., segment_name: _Optional[str] = ..., segment_path: _Optional[str] = ..., segment_offset: _Optional[int] = ..., backed_rows: _Optional[int] = ..., backed: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ..., lease_expires_unix: _Optional[float] = ...) -> None: ...
+    opening: int
+    def __init__(self, key: _Optional[_Union[HistoryKey, _Mapping]] = ..., owner: _Optional[str] = ..., row_bytes: _Optional[int] = ..., num_rows: _Optional[int] = ..., segment_name: _Optional[str] = ..., segment_path: _Optional[str] = ..., segment_offset: _Optional[int] = ..., backed_rows: _Optional[int] = ..., backed: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ..., lease_expires_unix: _Optional[float] = ..., opening: _Optional[int] = ...) -> None: ...
 
 class OpenHistoryResponse(_message.Message):
     __slots__ = ("history", "attached", "max_chunk_bytes")
@@ -138,12 +140,14 @@ class CommitRowsResponse(_message.Message):
     def __init__(self, backed_rows: _Optional[int] = ..., backed: _Optional[_Iterable[_Union[RowRange, _Mapping]]] = ...) -> None: ...
 
 class CloseHistoryRequest(_message.Message):
-    __slots__ = ("key", "owner")
+    __slots__ = ("key", "owner", "opening")
     KEY_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    OPENING_FIELD_NUMBER: _ClassVar[int]
     key: HistoryKey
     owner: str
-    def __init__(self, key: _Optional[_Union[HistoryKey, _Mapping]] = ..., owner: _Optional[str] = ...) -> None: ...
+    opening: int
+    def __init__(self, key: _Optional[_Union[HistoryKey, _Mapping]] = ..., owner: _Optional[str] = ..., opening: _Optional[int] = ...) -> None: ...
 
 class CloseHistoryResponse(_message.Message):
     __slots__ = ("freed_bytes",)
