@@ -193,14 +193,22 @@ class KVStoreClient:
             h = MappedHistory(self.rpc, self.owner, resp.history, self._register_cuda)
         except BaseException:
             if not resp.attached:  # created for nothing: free it (the renewer would keep it)
-                try:
-                    self.rpc.close(request_id, source_id, self.owner)
+                try:  # only this opening: a re-attach by another thread meanwhile stays
+                    self.rpc.close(request_id, source_id, self.owner,
+                                   opening=resp.history.opening)
                 except Exception:  # the mapping error is the one to report
                     pass
             raise
         h.created = not resp.attached
         with self._lock:
-            self._open[key] = h
+            cur = self._open.get(key)
+            if cur is not None and not cur.closed and cur.opening > h.opening:
+                # a concurrent open of the key re-attached after this one: the table keeps
+                # the later opening (the one a close must name); this mapping is nobody's
+                h.close()
+                cur.created = False
+                return cur
+            self._open[key] = h  # an earlier one replaced stays mapped for its holder
         return h
 
     def opening_of(self, request_id: str, source_id: int) -> int:

@@ -126,7 +126,10 @@ class KVStore:
         self._used = 0
         self._expiries = 0
         self._generations = itertools.count(1)
-        self._openings = itertools.count(1)  # the openings of every history (one counter)
+        # the openings of every history (one counter), above any an earlier store process
+        # handed out (nanoseconds since the epoch): a client's opening from before a
+        # restart never names a re-attach made after it
+        self._openings = itertools.count(time.time_ns())
         self._manifest = Manifest(options.manifest_dir)
         self._segment_re = re.compile(rf"^{re.escape(options.prefix)}-[0-9a-f]{{32}}$")
         self._recovered = self._recover()
@@ -216,7 +219,9 @@ class KVStore:
         same key overtook is refused (NotFound) and the re-attached history stays."""
         with self._lock:
             key, h = self._owned(request_id, source_id, owner)
-            if opening and h.opening != opening:
+            # a history recovered after a restart and not re-attached since (opening 0) is
+            # still the opening its client mapped before the restart
+            if opening and h.opening and h.opening != opening:
                 raise NotFound(f"history {request_id}/{source_id} was opened again (opening "
                                f"{h.opening}) after opening {opening}, which this close names; "
                                "it stays open")

@@ -182,6 +182,24 @@ def test_recovery_after_crash_keeps_committed_rows(prefix: str, clock: Clock) ->
     assert_no_segments(prefix)
 
 
+def test_openings_from_before_a_restart_close_recovered_histories_not_reattached_ones(
+        prefix: str, clock: Clock) -> None:
+    """A client's mapping from before a store restart names an opening of the old process:
+    it still frees the recovered history, but not one re-attached after the restart (the new
+    process's openings lie above every old one)."""
+    crashed = KVStore(options(prefix), clock)
+    a, _ = crashed.open("a", 0, "w0", 16, 8, attach=True)
+    b, _ = crashed.open("b", 0, "w0", 16, 8, attach=True)
+    again = KVStore(options(prefix), clock)  # the old store "dies" without shutdown
+    assert again.close_history("a", 0, "w0", opening=a.opening) > 0  # recovered: freed
+    b2, created = again.open("b", 0, "w0", 16, 8, attach=True)
+    assert not created and b2.opening > b.opening
+    with pytest.raises(NotFound, match="was opened again"):
+        again.close_history("b", 0, "w0", opening=b.opening)
+    again.close_history("b", 0, "w0", opening=b2.opening)
+    assert_no_segments(prefix)
+
+
 def test_open_token_tells_a_retried_open_that_it_created_the_history(
         prefix: str, clock: Clock) -> None:
     """A reply lost in a crash: the retry (same token, attach) learns the history is its own

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.errors import DHiSparseError, ResourceExhausted, Unavailable
+from services.common.errors import DHiSparseError, NotFound, ResourceExhausted, Unavailable
 from services.kvstore.client import KVStoreClient
 from services.kvstore.ranges import RangeSet
 from services.kvstore.rpc import KVStoreRPC
@@ -92,9 +92,11 @@ def test_kill9_during_writes_loses_no_committed_row(prefix: str, tmp_path: Path)
 
     store.start()
     rpc.wait_ready()
+    openings: dict[str, int] = {}
     for name, w, salt in (("mapped", writers[0], 1), ("streamed", writers[1], 2)):
         again = client.rpc.open(name, 0, "w0", ROW, n, attach=True)
         assert again.attached
+        openings[name] = again.history.opening
         backed = RangeSet((r.start, r.stop) for r in again.history.backed)
         allowed = w.acked.copy()
         if w.in_flight:
@@ -109,8 +111,12 @@ def test_kill9_during_writes_loses_no_committed_row(prefix: str, tmp_path: Path)
         got = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(n, ROW)
         for a, b in backed:
             assert torch.equal(got[a:b], pattern(a, b, salt)), (name, a, b)
-    client.close("mapped", 0)
-    rpc.close("streamed", 0, "w0")
+    # the re-attaches above hold both now; the client's mapping is of an opening from
+    # before the restart, so its close is refused (and unmaps)
+    rpc.close("mapped", 0, "w0", opening=openings["mapped"])
+    with pytest.raises(NotFound):
+        client.close("mapped", 0)
+    rpc.close("streamed", 0, "w0", opening=openings["streamed"])
     client.shutdown()
     assert store.stop() == 0
     assert_no_segments(prefix)

@@ -68,7 +68,8 @@ class FlakyCloser:
         self.mode = "ok"
 
     def opening_of(self, request_id: str, source_id: int) -> int:
-        return 100 + len(request_id)  # the opening of the client's mapping (none after a close)
+        # the opening of the client's mapping; none once a close took it out of the table
+        return 0 if (request_id, source_id) in self.calls else 100 + len(request_id)
 
     def close(self, request_id: str, source_id: int, timeout: float | None = None,
               opening: int | None = None) -> None:

@@ -201,6 +201,49 @@ def test_open_whose_mapping_fails_frees_what_it_created(
     assert ("unmapped", 0) not in keys
 
 
+def test_a_failed_mapping_frees_only_its_own_opening(
+        server: StoreProcess, rpc: KVStoreRPC, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clean-up close of an open whose mapping failed names that open's opening: a
+    re-attach of the key by another caller in between keeps its history."""
+    import services.kvstore.client as client_mod
+
+    def reattached_then_unmappable(*args, **kwargs):
+        rpc.open("raced", 0, OWNER, 656, 8, attach=True)  # another thread, meanwhile
+        raise OSError("mmap failed")
+
+    with KVStoreClient(server.target, OWNER, register_cuda=False) as client:
+        monkeypatch.setattr(client_mod, "MappedHistory", reattached_then_unmappable)
+        with pytest.raises(OSError, match="mmap failed"):
+            client.open("raced", 0, 656, 8)
+    keys = {(h.key.request_id, h.key.source_id) for h in rpc.stats(include_histories=True).history}
+    assert ("raced", 0) in keys
+    rpc.close("raced", 0, OWNER)
+
+
+def test_of_two_concurrent_opens_the_table_keeps_the_later_opening(
+        server: StoreProcess, rpc: KVStoreRPC, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two opens of one key both re-attach through the store; whichever answer comes back
+    last, the client keeps the later opening (the one its close must name) and hands it to
+    both callers."""
+    with KVStoreClient(server.target, OWNER, register_cuda=False) as client:
+        client.rpc.open("twice", 0, OWNER, 16, 8, attach=True)  # exists, not mapped here
+        real, inner = client.rpc.open, []
+
+        def overtaken_open(*a, **kw):
+            resp = real(*a, **kw)  # the earlier opening ...
+            monkeypatch.setattr(client.rpc, "open", real)
+            inner.append(client.open("twice", 0, 16, 8))  # ... answered after a later one
+            return resp
+
+        monkeypatch.setattr(client.rpc, "open", overtaken_open)
+        outer = client.open("twice", 0, 16, 8)
+        assert outer is inner[0] and not outer.closed and not outer.created
+        assert client.opening_of("twice", 0) == outer.opening
+        client.close("twice", 0)  # names the later opening: freed
+    keys = {(h.key.request_id, h.key.source_id) for h in rpc.stats(include_histories=True).history}
+    assert ("twice", 0) not in keys
+
+
 def grpc_code(fn, *args, **kw) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
     with pytest.raises(Exception) as info:
         fn(*args, **kw)
