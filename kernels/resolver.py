@@ -180,10 +180,13 @@ def lookup(
     dev = selections.device.index
     func, flags, threads = lookup_variant()
     ranked = kernel("resolver", func + "_rank", dev, True, flags)
-    fits = lookup_shared_bytes(words, pow2, True) <= dynamic_shared_cap(ranked, dev)
+    cap = dynamic_shared_cap(ranked, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
+    fits = lookup_shared_bytes(words, pow2, True) <= cap
     rank = hit_form(hits, hot_slots, fits, batch, sm_count(dev)) == "rank"
-    fn = ranked if rank else kernel("resolver", func, dev, True, flags)
-    cap = dynamic_shared_cap(fn, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
+    fn = ranked
+    if not rank:
+        fn = kernel("resolver", func, dev, True, flags)
+        cap = dynamic_shared_cap(fn, dev)
     shared = lookup_shared_bytes(words, pow2, rank)
     check_limit(f"shared bytes ({48 if rank else 24} * ceil(rows_bound / 128) + 8.125 * pow2(B)"
                 f"{' + up to 8' if rank else ''})", shared, cap)

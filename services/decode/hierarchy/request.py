@@ -158,10 +158,11 @@ def rank_cache_contents(state: RequestState, words: int) -> tuple[torch.Tensor, 
     return hot_entries(state, slots), (bits.view(words, 32) << shifts).sum(1)
 
 
-def bump_hot(state: RequestState) -> None:
-    """hot_rows changed: the lookup's cache (hot_rank) is stale (no device read)."""
+def bump_hot(state: RequestState, changed: torch.Tensor | int = 1) -> None:
+    """hot_rows changed (``changed``: a device bool or count, read by no host): the lookup's
+    cache (hot_rank) is stale."""
     if state.hot_rank.numel():
-        state.hot_rank[RANK_VERSION] += 1
+        state.hot_rank[RANK_VERSION] += changed
 
 
 def hot_entries(state: RequestState, slots: torch.Tensor) -> torch.Tensor:
@@ -194,8 +195,7 @@ def set_hot_rows_where(state: RequestState, slots: torch.Tensor, rows: torch.Ten
     new = torch.where(valid, hot_entries(state, slots) - state.hot_index[at], 0)
     state.hot_index.index_put_((at,), new, accumulate=True)
     state.hot_rows[slots] = torch.where(valid, rows, old)
-    if state.hot_rank.numel():  # stale only where a pair moved (no device read)
-        state.hot_rank[RANK_VERSION] += valid.any()
+    bump_hot(state, valid.any())  # stale only where a pair moved
 
 
 def reindex_hot(state: RequestState) -> None:
