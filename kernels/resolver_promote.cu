@@ -141,7 +141,8 @@ __device__ __forceinline__ void promote_body(const i64* __restrict__ table, cons
         }
     }
     if (threadIdx.x == 0) promoted[blockIdx.x] = s_j;
-    if (threadIdx.x == 0 && n > 0) ptr<i64>(row, T_HOT_RANK)[RANK_VERSION] += 1;  // cache stale
+    // hot_rows changed only where a row was promoted: then the rank form's cache is stale
+    if (threadIdx.x == 0 && s_j > 0) ptr<i64>(row, T_HOT_RANK)[RANK_VERSION] += 1;
     // payload rows of every layer: arena row -> the slot's pool row, W-byte vectors
     using V = typename Vec<W>::T;
     const unsigned vpr = row_bytes / W;

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.decode import hierarchy as ref
-from services.decode.hierarchy.request import reindex_hot
+from services.decode.hierarchy.request import RANK_VERSION, reindex_hot
 from tests.hierarchy.harness import Harness, assert_same, distinct_hot, snapshot
 from tests.hierarchy.test_staging_promotion import _one_by_one, _staged_group
 
@@ -76,9 +76,14 @@ def test_kernel_equals_one_by_one_on_small_groups(data) -> None:
     h = _staged_group(data, "cuda")
     twin = copy.deepcopy(h.group)
     indexed = all(distinct_hot(s) for s in h.group.requests.values())
+    version = {rid: int(s.hot_rank[RANK_VERSION]) for rid, s in h.group.requests.items()}
     assert dropin.release_staging(h.group) == _one_by_one(twin)
     for rid, s in h.group.requests.items():
         r = twin.requests[rid]
+        # the rank form's cache goes stale exactly where a row was promoted (the reference
+        # bumps once per promoted row, the kernel once per block)
+        assert (int(s.hot_rank[RANK_VERSION]) != version[rid]) == (
+            int(r.hot_rank[RANK_VERSION]) != version[rid]), rid
         for f in ("hot_rows", "hot_stamp", "hot_protect"):
             assert torch.equal(getattr(s, f), getattr(r, f)), (rid, f)
         if indexed:  # the index is defined under I4 only (the drawn hot rows may repeat)
