@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call: GPU tests (kernels, hierarchy, engine) + resolver benchmark + the
 # SGLang HiSparse peer, side by side. Run on the H200 with `.peer` carried (see
-# bench/README.md); results land in $OUT. Knobs (environment): PEER=0 skips the peer
-# (compare with its last committed run), TESTS_S / STATE_S / BENCH_S cap the test, CUDA
+# bench/README.md); results land in $OUT. Knobs (environment): PEER=0 skips the peer on its
+# own pool (compare with its last committed run), TESTS_S / STATE_S / BENCH_S cap the test, CUDA
 # state-machine and bench phases (0 skips the phase), FIRST_TESTS runs those test files first,
 # DHISPARSE_GIT_SHA names the commit in the JSON (the device copy has no .git), TRACE=1
 # adds the phase trace (TRACE_S caps it), DHISPARSE_BENCH_HOST picks our host pool
@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 export DHISPARSE_BENCH_HOST=${DHISPARSE_BENCH_HOST:-shm}
 PEER=${PEER:-1} TESTS_S=${TESTS_S:-200} BENCH_S=${BENCH_S:-110} STATE_S=${STATE_S:-60}
 mkdir -p /tmp/site
-if [ "$PEER" = 1 ]; then
+if [ "$PEER" = 1 ] || [ "${PEER_SHM:-0}" = 1 ]; then  # the peer's wheels (either run)
 (python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
    .peer/whl/apache_tvm_ffi*.whl .peer/whl/msgspec*.whl \
  && cd /tmp/site && python3 -m zipfile -e "$OLDPWD"/.peer/whl/sglang-0.5.23*.whl .) \

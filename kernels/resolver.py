@@ -34,6 +34,7 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
     commit_parts_rule,
     default_commit_parts,
     default_copy_blocks,
+    default_copy_early,
     default_select,
     defines,
     hit_form,
@@ -41,7 +42,7 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
     lookup_shape,
 )
 
-T_COLS, S_COLS, TOT_COLS = 12, 10, 13  # table / summary / totals columns (resolver_common.cuh)
+T_COLS, S_COLS, TOT_COLS = 12, 11, 13  # table / summary / totals columns (resolver_common.cuh)
 S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 R_PEND = 9  # 2 x (copies, status) pending on the sync-free path, by parity
@@ -86,6 +87,9 @@ class Workspace:
     # set by lookup(host_totals=False), flipped call by call: the R_PEND slots of this call
     # (resolver_common.cuh); the commit clears the other parity's for the next call
     parity: int = 0
+    # set by lookup(host_totals=False): this call's tag in [1, 2^30], the lookup's S_EARLY
+    # miss counts carry it (a commit's preload waits for every request's of its call)
+    call: int = 0
 
     @staticmethod
     def new(batch: int, entries: int, slots: int, device: torch.device) -> Workspace:
@@ -95,7 +99,7 @@ class Workspace:
             torch.empty(batch, entries, **i64),
             torch.empty(batch, max(slots, 1), **i32),
             torch.empty(batch, max(slots, 1), **i32),
-            torch.empty(batch, S_COLS, **i64),
+            torch.zeros(batch, S_COLS, **i64),  # S_EARLY: no call's tag
             torch.zeros(TOT_COLS + 2 * (batch + 1), **i64),
         )
 
@@ -208,10 +212,12 @@ def lookup(
         np.int32(VICTIM_SELECT[select]),
         np.int32(bool(host_totals)),
         np.int32(ws.parity ^ (not host_totals)),
+        np.int32(0 if host_totals else ws.call % (1 << 30) + 1),
     )
     launch(fn, (batch,), (threads,), args, shared)
     if not host_totals:
         ws.parity ^= 1
+        ws.call = ws.call % (1 << 30) + 1
     ws.commit_sums = not host_totals
 
 
@@ -295,6 +301,7 @@ def commit(
     copy_blocks: int | None = None,
     dependent: bool = False,
     parts: int | None = None,
+    early: bool | None = None,
 ) -> None:
     """Launch 2: apply the lookup (victims, stamps, staging), finish ``locations`` and the
     copy list; with ``host_ptrs`` (int64 [L, batch]) and ``payloads`` (int64 [L]) also copy
@@ -311,7 +318,10 @@ def commit(
     ``default_commit_parts()``.
     dependent: this launch directly follows ``lookup`` on the stream (the sync-free path):
     it goes out with programmatic dependent launch, so its blocks are scheduled while the
-    lookup runs and start the moment it ends (``_loader.launch_dependent``)."""
+    lookup runs and start the moment it ends (``_loader.launch_dependent``).
+    early: on the sync-free path (``lookup(host_totals=False)`` before), the copy blocks
+    wait for every request's miss count instead of the whole lookup and issue their first
+    host reads then, while the lookup chooses victims; None = ``default_copy_early()``."""
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots)
     check("stage_locs", stage_locs, torch.int64, 1, "cuda")
     for name, t in (("out.batch", out.batch), ("out.rows", out.rows), ("out.dst", out.dst)):
@@ -364,8 +374,10 @@ def commit(
         parts = default_commit_parts()
     check_limit("parts", parts, MAX_COMMIT_PARTS)
     parts = parts or commit_parts_rule(batch, sm_count(dev))
+    if early is None:
+        early = default_copy_early()
     args += (np.int32(copy_blocks), np.int32(ws.commit_sums), np.int32(parts),
-             np.int32(ws.parity))
+             np.int32(ws.parity), np.int32(ws.call if early and ws.commit_sums else 0))
     copies = copy_blocks or launched_copy_blocks(batch * parts, sm_count(dev))
     grid = batch * parts + (copies if layers else 0)
     if dependent:

@@ -12,19 +12,39 @@ __device__ __forceinline__ int find_request(const i64* off, int batch, i64 c) {
     return lo;
 }
 
+// Host source of copy item `it` of the flattened (layer, request, miss, vector) list; b and i
+// (the request and its miss index) come back for the destination. misses through L2: the
+// preload reads them while the lookup grid that wrote them still runs.
+template <int W, typename I>
+__device__ __forceinline__ const char* item_src(I it, I per_layer, I vpr, int n_layers, int batch, int Kk,
+                                                unsigned row_bytes, const i64* s_off, const i64* misses,
+                                                const i64* host_ptrs, int& b, i64& i, int& layer, unsigned& vec) {
+    layer = n_layers == 1 ? 0 : (int)(it / per_layer);
+    const I li = it - (I)layer * per_layer;
+    const I c = li / vpr;
+    vec = (unsigned)(li - c * vpr);
+    b = find_request(s_off, batch, c);
+    i = c - s_off[b];
+    const i64 r = __ldcg(misses + (i64)b * Kk + i);
+    return reinterpret_cast<const char*>(host_ptrs[(i64)layer * batch + b]) + r * row_bytes + (i64)vec * W;
+}
+
 // Item index math in I: unsigned (32-bit divisions) when every item index fits, else i64.
+// With have_pre, the first round's loads were issued before the lookup grid ended (preload)
+// and their values are in pre.
 template <int W, typename I>
 __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict__ misses,
                             const i32* __restrict__ victims, const i64* __restrict__ summary,
                             const i64* __restrict__ stage_locs, const i64* __restrict__ host_ptrs,
                             const i64* __restrict__ payload_ptrs, int n_layers, int batch, int Kk, int B,
                             unsigned row_bytes, const i64* s_off, const i64* s_soff, i64 n_copies,
-                            int cblock, int ncblocks) {
+                            int cblock, int ncblocks, const typename Vec<W>::T (&pre)[U], bool have_pre) {
     using V = typename Vec<W>::T;
     const I vpr = (I)(row_bytes / W);
     const I per_layer = (I)n_copies * vpr, total = per_layer * (I)n_layers;
     const I stride = (I)ncblocks * blockDim.x;
 
+    bool first = have_pre;
     for (I base = (I)cblock * blockDim.x + threadIdx.x; base < total; base += stride * U) {
         V v[U];
         char* d[U];
@@ -32,23 +52,20 @@ __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict
         for (int u = 0; u < U; ++u) {
             const I it = base + u * stride;
             if (it < total) {
-                const int layer = n_layers == 1 ? 0 : (int)(it / per_layer);
-                const I li = it - (I)layer * per_layer;
-                const I c = li / vpr;
-                const unsigned vec = (unsigned)(li - c * vpr);
-                const int b = find_request(s_off, batch, c);
-                const i64 i = c - s_off[b];
-                const i64* sm = summary + (i64)b * SCOLS;
-                const i64 nv = sm[S_NV];
+                int b, layer;
+                i64 i;
+                unsigned vec;
+                const char* src = item_src<W, I>(it, per_layer, vpr, n_layers, batch, Kk, row_bytes, s_off, misses,
+                                                 host_ptrs, b, i, layer, vec);
+                const i64 nv = summary[(i64)b * SCOLS + S_NV];
                 const i64 dst = i < nv ? reinterpret_cast<const i64*>(table[(i64)b * TCOLS + T_HOT_LOCS])
                                                  [victims[(i64)b * B + i]]
                                            : stage_locs[s_soff[b] + i - nv];
-                const i64 r = misses[(i64)b * Kk + i];
-                const char* src = reinterpret_cast<const char*>(host_ptrs[(i64)layer * batch + b]);
-                v[u] = *reinterpret_cast<const V*>(src + r * row_bytes + (i64)vec * W);
+                v[u] = first ? pre[u] : *reinterpret_cast<const V*>(src);
                 d[u] = reinterpret_cast<char*>(payload_ptrs[layer]) + dst * row_bytes + (i64)vec * W;
             }
         }
+        first = false;
 #pragma unroll
         for (int u = 0; u < U; ++u)
             if (base + u * stride < total) *reinterpret_cast<V*>(d[u]) = v[u];
@@ -59,6 +76,108 @@ __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict
 #define HM_SLOTS 8  // hit-mask slots per commit thread loaded with the summary
 #define COPY_ITEMS_PER_BLOCK 512  // W-byte items of the mean request per copy block at work
 #define COPY_SPARSE_ROWS 1024  // a batch missing at most this many rows per request: COPY_BLOCKS_MIN
+#define PRELOAD_WAIT_NS 2000000  // a preload gives up after this long without every count
+
+// Copy blocks at work (*active) and the spacing of the working ones among the ncb launched
+// (*step), for n_copies misses (vpr W-byte vectors a row).
+// At work: copy_blocks, or (0) COPY_BLOCKS_MIN while the mean request
+// misses at most COPY_SPARSE_ROWS rows, else about one per COPY_ITEMS_PER_BLOCK W-byte
+// items of the mean request's misses in one layer, at least COPY_BLOCKS_MIN (layers
+// are copied one after the other, so the requests in flight at once depend on the
+// rows per request, not on the layer count). Few misses per request spread over many
+// requests read fastest with few rows in flight, while dense requests want every
+// block (H200, top_k 2048, 100K-row requests, whole calls by copy blocks, 16 / the
+// rule before the sparse case / 264: 410 rows per request, batch 160: 1526 / 1613 /
+// 1813 us for 656 B rows, 1632 / 1941 / 2058 for 1152 B; batch 32: 274 / 283 / 287 and
+// 332 / 353 / 353; 2048 rows per request, batch 160: 5317 / 4899 / 4788 and 9077 /
+// 7609 / 7593; bench/results/copy_blocks_h200_186a8d1.json). The mean decides: a dense
+// request batched with light ones also gets COPY_BLOCKS_MIN (not measured).
+// The working blocks are spread over the launched ones (every step-th): consecutive
+// blocks share SMs, and a commit launched with PDL is placed in index order onto
+// whatever the lookup left free; the sparse rule takes the first ones, as a launch of
+// exactly that many would (H200, c4dec7e, 20% misses, batch 32 / 160: 273 / 1481 us
+// for 656 B rows, 333 / 1667 for 1152 B, against 286 / 1531 and 334 / 1769 with every
+// 16th at work, runs 32 and 31)
+__device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blocks, int ncb, unsigned vpr,
+                                           int* active, int* step) {
+    int a = copy_blocks;
+    const bool sparse = a <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch;
+    if (sparse) {
+        a = COPY_BLOCKS_MIN;
+    } else if (a <= 0) {
+        const i64 per_request = (n_copies * vpr + batch - 1) / batch;
+        a = (int)min((i64)ncb, max((i64)COPY_BLOCKS_MIN, (per_request + COPY_ITEMS_PER_BLOCK - 1) /
+                                                             COPY_ITEMS_PER_BLOCK));
+    }
+    *active = min(a, ncb);
+    *step = sparse ? 1 : ncb / *active;
+}
+
+// A copy block of the sync-free path before the lookup grid has ended: waits for every
+// request's miss count (S_EARLY of this call, published once the request's misses are
+// listed), makes the copy offsets (s_off) and, if the block is one at work, issues the
+// loads of its first round of items into pre -- the host reads start while the lookup
+// blocks still choose victims. Returns whether pre holds them. No store: the destinations
+// (victims, staging) and the call's status come after griddepcontrol.wait, and a refused
+// call drops the loaded values. Gives up (false) after PRELOAD_WAIT_NS.
+template <int W>
+__device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ summary,
+                        const i64* __restrict__ misses, const i64* __restrict__ host_ptrs, int n_layers,
+                        int batch, int Kk, unsigned row_bytes, int copy_blocks, int ncb, int cb, int call,
+                        i64* s_off, unsigned* s_tmp, int* s_flag) {
+    using V = typename Vec<W>::T;
+    unsigned long long t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    if (threadIdx.x == 0) *s_flag = 1;
+    __syncthreads();
+    unsigned mv[2] = {0u, 0u};
+    bool ok = true;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {  // requests 2 t, 2 t + 1 (blockDim.x >= MAXB / 2)
+        const int q = 2 * threadIdx.x + j;
+        if (q >= batch) continue;
+        const i64* at = summary + (i64)q * SCOLS + S_EARLY;
+        i64 v = ld_acquire(at);
+        while ((v >> 32) != (i64)call && ok) {
+            __nanosleep(500);
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            ok = t - t0 < PRELOAD_WAIT_NS;
+            v = ld_acquire(at);
+        }
+        mv[j] = (unsigned)(v & 0xFFFFFFFFll);
+    }
+    if (!ok) *s_flag = 0;
+    unsigned total;
+    unsigned o = block_scan(mv[0] + mv[1], s_tmp, &total);  // syncs (s_flag is final)
+    if (!*s_flag) return false;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int q = 2 * threadIdx.x + j;
+        if (q < batch) s_off[q] = o, o += mv[j];
+    }
+    if (threadIdx.x == 0) s_off[batch] = total;
+    __syncthreads();
+    const unsigned vpr = row_bytes / W;
+    int active, step;
+    copy_share(total, batch, copy_blocks, ncb, vpr, &active, &step);
+    if (total == 0 || cb % step != 0 || cb / step >= active) return false;
+    const i64 per_layer = (i64)total * vpr, items = per_layer * n_layers, stride = (i64)active * blockDim.x;
+    const i64 base = (i64)(cb / step) * blockDim.x + threadIdx.x;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const i64 it = base + u * stride;
+        if (it < items) {
+            int b, layer;
+            i64 i;
+            unsigned vec;
+            pre[u] = *reinterpret_cast<const V*>(item_src<W, i64>(it, per_layer, (i64)vpr, n_layers, batch, Kk,
+                                                                   row_bytes, s_off, misses, host_ptrs, b, i,
+                                                                   layer, vec));
+        }
+    }
+    return true;
+}
 
 // grid: [0, batch * parts) commit blocks, [batch * parts, gridDim.x) copy blocks (n_layers
 // may be 0). Commit block x serves request x % batch, part x / batch: part p stamps the hits
@@ -75,11 +194,19 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                             i64* __restrict__ copy_dst, i64* __restrict__ staged_rows,
                             const i64* __restrict__ host_ptrs, const i64* __restrict__ payload_ptrs,
                             int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch,
-                            int copy_blocks, int sums_here, int parts, int parity) {
+                            int copy_blocks, int sums_here, int parts, int parity, int call) {
     __shared__ i64 s_off[MAXB + 1], s_soff[MAXB + 1];
-    __shared__ int s_ok, s_fast;
+    __shared__ int s_ok, s_fast, s_pre;
     __shared__ unsigned s_tmp[33], s_cnt[8];
     const int Kk = K * k;
+    const int n_commit = batch * parts;
+    // copy blocks of the sync-free path (call != 0): the first round of host reads goes out
+    // before the lookup grid ends (preload)
+    typename Vec<W>::T pre[U];
+    bool have_pre = false;
+    if (call && sums_here && n_layers > 0 && (int)blockIdx.x >= n_commit)
+        have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
+                              (int)gridDim.x - n_commit, (int)blockIdx.x - n_commit, call, s_off, s_tmp, &s_pre);
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900
@@ -91,7 +218,6 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     // a commit block loads its summary, its slot-state pointers and the hit-mask words of its
     // first HM_SLOTS * blockDim.x slots together with the totals (one round trip, not three:
     // for B up to that, the stamping below waits for no further load)
-    const int n_commit = batch * parts;
     const bool commit_block = (int)blockIdx.x < n_commit;
     const int rb = commit_block ? (int)blockIdx.x % batch : 0, part = commit_block ? (int)blockIdx.x / batch : 0;
     const int span = ((B + parts - 1) / parts + 31) & ~31, s_lo = min(B, part * span), s_hi = min(B, s_lo + span);
@@ -150,36 +276,10 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     if (!commit_block) {
         const i64 n_copies = sums_here ? s_off[batch] : totals[R_COPIES];
         if (n_copies == 0 || n_layers == 0) return;
-        // Copy blocks at work: copy_blocks, or (0) COPY_BLOCKS_MIN while the mean request
-        // misses at most COPY_SPARSE_ROWS rows, else about one per COPY_ITEMS_PER_BLOCK W-byte
-        // items of the mean request's misses in one layer, at least COPY_BLOCKS_MIN (layers
-        // are copied one after the other, so the requests in flight at once depend on the
-        // rows per request, not on the layer count). Few misses per request spread over many
-        // requests read fastest with few rows in flight, while dense requests want every
-        // block (H200, top_k 2048, 100K-row requests, whole calls by copy blocks, 16 / the
-        // rule before the sparse case / 264: 410 rows per request, batch 160: 1526 / 1613 /
-        // 1813 us for 656 B rows, 1632 / 1941 / 2058 for 1152 B; batch 32: 274 / 283 / 287 and
-        // 332 / 353 / 353; 2048 rows per request, batch 160: 5317 / 4899 / 4788 and 9077 /
-        // 7609 / 7593; bench/results/copy_blocks_h200_186a8d1.json). The mean decides: a dense
-        // request batched with light ones also gets COPY_BLOCKS_MIN (not measured).
         const int ncb = gridDim.x - n_commit;
-        int active = copy_blocks;
-        const bool sparse = active <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch;
-        if (sparse) {
-            active = COPY_BLOCKS_MIN;
-        } else if (active <= 0) {
-            const i64 per_request = (n_copies * (row_bytes / W) + batch - 1) / batch;
-            active = (int)min((i64)ncb, max((i64)COPY_BLOCKS_MIN, (per_request + COPY_ITEMS_PER_BLOCK - 1) /
-                                                                      COPY_ITEMS_PER_BLOCK));
-        }
-        active = min(active, ncb);
-        // the working blocks are spread over the launched ones (every step-th): consecutive
-        // blocks share SMs, and a commit launched with PDL is placed in index order onto
-        // whatever the lookup left free; the sparse rule takes the first ones, as a launch of
-        // exactly that many would (H200, c4dec7e, 20% misses, batch 32 / 160: 273 / 1481 us
-        // for 656 B rows, 333 / 1667 for 1152 B, against 286 / 1531 and 334 / 1769 with every
-        // 16th at work, runs 32 and 31)
-        const int step = sparse ? 1 : ncb / active, cb = (int)blockIdx.x - n_commit;
+        int active, step;
+        copy_share(n_copies, batch, copy_blocks, ncb, row_bytes / W, &active, &step);
+        const int cb = (int)blockIdx.x - n_commit;
         if (cb % step != 0 || cb / step >= active) return;
         if (!sums_here) {
             for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
@@ -192,10 +292,12 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         const i64 items = n_copies * (row_bytes / W) * n_layers + (i64)active * blockDim.x * U;
         if (items < (1ll << 32))
             copy_misses<W, unsigned>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
-                                     batch, Kk, B, row_bytes, s_off, s_soff, n_copies, cb / step, active);
+                                     batch, Kk, B, row_bytes, s_off, s_soff, n_copies, cb / step, active, pre,
+                                     have_pre);
         else
             copy_misses<W, i64>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
-                                batch, Kk, B, row_bytes, s_off, s_soff, n_copies, cb / step, active);
+                                batch, Kk, B, row_bytes, s_off, s_soff, n_copies, cb / step, active, pre,
+                                have_pre);
         return;
     }
     const int b = rb;
@@ -291,10 +393,11 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         const i64* stage_locs, i64 n_stage_locs, i64* copy_batch, i64* copy_rows,             \
         i64* copy_dst, i64* staged_rows, const i64* host_ptrs, const i64* payload_ptrs,       \
         int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch, int copy_blocks,     \
-        int sums_here, int parts, int parity) {                                                                \
+        int sums_here, int parts, int parity, int call) {                                                      \
         commit_body<W>(table, sel, locs, miss_dst, misses, victims, hit_mask, summary, totals, stage_locs,   \
                        n_stage_locs, copy_batch, copy_rows, copy_dst, staged_rows, host_ptrs, payload_ptrs,   \
-                       n_layers, batch, K, k, B, row_bytes, epoch, copy_blocks, sums_here, parts, parity);     \
+                       n_layers, batch, K, k, B, row_bytes, epoch, copy_blocks, sums_here, parts, parity,     \
+                       call);                                                                                 \
     }
 COMMIT(16)
 COMMIT(8)

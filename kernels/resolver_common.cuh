@@ -25,8 +25,12 @@
 //             copy blocks: the union of every request's misses, flattened into 16-byte
 //             items over (layer, request, row, vector) -- i.e. ascending host address
 //             within a request -- spread over all copy blocks, read from mapped host
-//             memory. Nothing is mutated or copied when status != 0 (bad input, staging
-//             arena too small): the host raises with the group unchanged.
+//             memory. On the sync-free path they do not wait for the whole lookup grid
+//             first: each waits for every request's miss count (S_EARLY, published once
+//             the request's misses are listed), then issues its first round of host reads
+//             while the lookup blocks still choose victims (preload; stores only after
+//             the grid ended). Nothing is mutated or copied when status != 0 (bad input,
+//             staging arena too small): the host raises with the group unchanged.
 // No host synchronization between or inside the launches.
 // Source layout: resolver_common.cuh (types, table/summary/totals columns, trace,
 // block helpers), resolver_lookup.cu (launch 1), resolver_commit.cu (launch 2, plan
@@ -61,8 +65,11 @@ enum { T_HOT_ROWS, T_HOT_STAMP, T_HOT_PROTECT, T_HOT_LOCS, T_TAIL_LOCS, T_PAGE_M
 // lookup's cache (resolver_rank.cuh), valid while RANK_BUILT == RANK_VERSION; every writer
 // of hot_rows bumps RANK_VERSION
 enum { RANK_VERSION, RANK_BUILT, RANK_WORDS, RANK_HEAD = 4 };
-// summary columns (int64 [batch, SCOLS])
-enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT, SCOLS };
+// summary columns (int64 [batch, SCOLS]). S_EARLY: on the sync-free path the lookup block
+// publishes (call << 32 | m) there as soon as its misses are listed, before it chooses the
+// victims; the commit's copy blocks wait for every request's and start reading host rows
+// while the lookup still runs (see resolver_commit.cu)
+enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT, S_EARLY, SCOLS };
 // totals (int64 [TOT_COLS + 2 * (batch + 1)]): then copy offsets [batch+1], stage offsets [batch+1].
 // R_PEND + 2 p + {P_COPIES, P_STATUS}: on the sync-free path (sums = 0) every lookup block
 // adds its misses and ORs its status into the slots of parity p (the host alternates it call
@@ -106,6 +113,17 @@ __device__ int g_trace_block;
 
 template <typename T> __device__ __forceinline__ T* ptr(const i64* row, int col) {
     return reinterpret_cast<T*>(row[col]);
+}
+
+// Release store / acquire load of one 64-bit word at GPU scope (a flag between blocks of
+// different grids that run at the same time).
+__device__ __forceinline__ void st_release(i64* at, i64 v) {
+    asm volatile("st.release.gpu.global.b64 [%0], %1;" ::"l"(at), "l"(v) : "memory");
+}
+__device__ __forceinline__ i64 ld_acquire(const i64* at) {
+    i64 v;
+    asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(at) : "memory");
+    return v;
 }
 
 // Block-wide exclusive scan of one unsigned per thread; returns the exclusive prefix and
@@ -205,7 +223,7 @@ __device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ tot
         if (threadIdx.x < 32) {
 #pragma unroll
             for (int c = 0; c < SCOLS; ++c)
-                f[c] = lane < batch && (write_totals || c == S_STATUS || c == S_M || c == S_NV)
+                f[c] = lane < batch && c != S_EARLY && (write_totals || c == S_STATUS || c == S_M || c == S_NV)
                            ? (unsigned)__ldcg(summary + lane * SCOLS + c) : 0u;
             unsigned im = f[S_M], is = f[S_M] - f[S_NV];
 #pragma unroll

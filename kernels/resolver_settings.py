@@ -132,6 +132,17 @@ def default_copy_blocks() -> int:
     return _count("DHISPARSE_COPY_BLOCKS", MAX_COPY_BLOCKS)
 
 
+def default_copy_early() -> bool:
+    """``DHISPARSE_COPY_EARLY`` (1 | 0, default 1): on the sync-free path the commit's copy
+    blocks issue their first round of host reads as soon as every request's misses are
+    listed, before the lookup has chosen the victims (resolver_commit.cu ``preload``); 0
+    waits for the whole lookup grid first."""
+    value = os.environ.get("DHISPARSE_COPY_EARLY", "1")
+    if value not in ("0", "1"):
+        raise InvalidArgument(f"DHISPARSE_COPY_EARLY={value!r} must be 0 or 1")
+    return value == "1"
+
+
 def default_commit_parts() -> int:
     """Commit blocks per request (``commit``'s ``parts``): ``DHISPARSE_COMMIT_PARTS`` = an
     integer in [1, MAX_COMMIT_PARTS], or auto (0: ``commit_parts_rule``)."""

@@ -40,6 +40,7 @@ class Case:
         self.sels: dict[int, torch.Tensor] = {}
         self.copy_blocks: int | None = None  # blocks of the miss copies (None = default)
         self.select: str | None = None  # victim ordering (None = DHISPARSE_VICTIM_SELECT)
+        self.early: bool | None = None  # copy blocks' preload (None = DHISPARSE_COPY_EARLY)
 
     def sel(self, i: int) -> torch.Tensor:
         if i not in self.sels:
@@ -87,6 +88,7 @@ class Case:
             payloads=self.payloads,
             row_bytes=self.item,
             copy_blocks=self.copy_blocks,
+            early=self.early,
             dependent=True,  # right behind the lookup: PDL unless DHISPARSE_PDL=0
         )
 

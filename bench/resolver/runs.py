@@ -98,8 +98,8 @@ def run_ours(args: dict, rec: dict) -> None:
             run_k8(args, rec, states[configs[0][1]], host, pool, item, configs[0][0], flush)
             if args["blocks_sweep"]:
                 run_blocks_sweep(args, rec, states[configs[0][1]], host, pool, item, configs[0][0])
-            if args["copy_sweep"]:
-                run_copy_sweep(args, rec, host, pool, item, configs[0])
+        if args["copy_sweep"]:
+            run_copy_sweep(args, rec, host, pool, item, configs[0])
         del pool
     torch.cuda.cudart().cudaHostUnregister(host_raw.data_ptr()) if how.startswith(
         "cudaHost"
@@ -191,8 +191,10 @@ COPY_SWEEP = ((32, "hit100"), (1, "cold"), (32, "cold"), (1, "miss20"), (32, "mi
 
 def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None:
     """Copy blocks of the commit (the kernel's rule, a fixed count; fewer blocks = fewer host
-    rows in flight at once), the commit's programmatic dependent launch (DHISPARSE_PDL) and
-    the victim ordering, on the no-miss and miss-heavy cases. A fresh State (new random row
+    rows in flight at once), the copy blocks' preload (DHISPARSE_COPY_EARLY), the commit's
+    programmatic dependent launch (DHISPARSE_PDL) and the victim ordering, on the no-miss
+    and miss-heavy cases, for each row size (``copy_sweep`` in the JSON: one entry per row
+    size; the first row size's also under its old name). A fresh State (new random row
     order, same host pool): its calls may re-read rows the main cases read (L2 is flushed
     before each timing); a case out of never-read windows starts over at window 0."""
     from kernels._loader import sm_count
@@ -202,9 +204,9 @@ def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None
     flush = Flusher(pool.device)
     reps, warm = max(5, args["reps"] // 2), 2
     every = sm_count(pool.device.index or 0) * 2
-    # (copy blocks (0 = the kernel's rule), victim select, PDL): the defaults first
-    settings = [(0, "radix", "1"), (0, "radix", "0"), (every, "radix", "1"),
-                (16, "radix", "1"), (66, "radix", "1"), (0, "sort", "1")]
+    # (copy blocks (0 = the kernel's rule), victim select, PDL, preload): the defaults first
+    settings = [(0, "radix", "1", True), (0, "radix", "1", False), (0, "radix", "0", True),
+                (every, "radix", "1", True), (16, "radix", "1", True)]
     pdl_before = os.environ.get("DHISPARSE_PDL")
     out, windows = [], Windows()
     for bs, prof in COPY_SWEEP:
@@ -214,24 +216,27 @@ def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None
         m = missed_rows(prof, k)
         case = Case(st, host, pool, item, bs, 1, k, m, cold)
         have = st.windows(k, m, cold)
-        for blocks, select, pdl in settings:
+        for blocks, select, pdl, early in settings:
             off = windows.take((bs, prof), reps + warm + 1, have)
-            case.copy_blocks, case.select = blocks, select
+            case.copy_blocks, case.select, case.early = blocks, select, early
             os.environ["DHISPARSE_PDL"] = pdl
             ok = case.check(off)["ok"]
             us = statistics.median(time_gpu(
                 lambda i, o=off, c=case: c.call(i + o + 1), reps, warm,
                 before=lambda i, o=off, c=case: c.before(i + o + 1), flush=flush))
             r = {"batch": bs, "profile": prof, "select": select, "pdl": pdl == "1",
-                 "copy_blocks": blocks or "rule", "ok": ok, "us": us,
+                 "early": early, "copy_blocks": blocks or "rule", "ok": ok, "us": us,
                  "GBps": m * bs * item / us / 1e3 if m else None}
             out.append(r)
-            print(f"copy_blocks={r['copy_blocks']!s:4s} {select:5s} pdl={pdl} bs={bs:3d} "
-                  f"{prof:6s} us={us:8.1f} GB/s={(r['GBps'] or 0):5.1f} ok={ok}", flush=True)
+            print(f"{item:5d} copy_blocks={r['copy_blocks']!s:4s} {select:5s} pdl={pdl} "
+                  f"early={int(early)} bs={bs:3d} {prof:6s} us={us:8.1f} "
+                  f"GB/s={(r['GBps'] or 0):5.1f} ok={ok}", flush=True)
         del case
     if pdl_before is None:
         os.environ.pop("DHISPARSE_PDL", None)
     else:
         os.environ["DHISPARSE_PDL"] = pdl_before
-    rec["copy_sweep"] = {"item_bytes": item, "top_k": k, "cases": out}
+    sweep = {"item_bytes": item, "top_k": k, "cases": out}
+    rec.setdefault("copy_sweeps", {})[str(item)] = sweep
+    rec.setdefault("copy_sweep", sweep)
     del st, flush

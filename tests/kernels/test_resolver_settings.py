@@ -29,6 +29,19 @@ def test_copy_blocks_setting_is_validated(monkeypatch) -> None:
             kres.default_copy_blocks()
 
 
+def test_copy_early_setting_is_validated(monkeypatch) -> None:
+    from kernels import resolver as kres
+
+    monkeypatch.delenv("DHISPARSE_COPY_EARLY", raising=False)
+    assert kres.default_copy_early() is True
+    monkeypatch.setenv("DHISPARSE_COPY_EARLY", "0")
+    assert kres.default_copy_early() is False
+    for bad in ("2", "yes", ""):
+        monkeypatch.setenv("DHISPARSE_COPY_EARLY", bad)
+        with pytest.raises(InvalidArgument, match=f"DHISPARSE_COPY_EARLY='{bad}' must be 0 or 1"):
+            kres.default_copy_early()
+
+
 def test_commit_parts_setting_is_validated_and_the_rule_fills_the_sms(monkeypatch) -> None:
     from kernels import resolver as kres
 

@@ -22,11 +22,11 @@ from tests.kernels.test_fused_resolver import CASES, make_pair, selections
 
 
 def sync_free_round(h: Harness, ws, rids: list[str], sel: torch.Tensor, host_totals: bool,
-                    *, commit: bool = True) -> dict:
+                    *, commit: bool = True, between=None) -> dict:
     """One round of the two launches on ``h`` (a fresh workspace when ``ws`` is None):
-    ``host_totals`` picks the lookup's own sums (plain) or the commit's (sync-free). Returns,
-    after a commit, what both ways must agree on plus the values of the pending slots that
-    commit read (nothing without one)."""
+    ``host_totals`` picks the lookup's own sums (plain) or the commit's (sync-free);
+    ``between(ws)`` runs between the launches. Returns, after a commit, what both ways must
+    agree on plus the values of the pending slots that commit read (nothing without one)."""
     from kernels import dropin
     from kernels import resolver as kres
 
@@ -46,6 +46,8 @@ def sync_free_round(h: Harness, ws, rids: list[str], sel: torch.Tensor, host_tot
                 rows_bound=max(g.request(r).tail_lo for r in rids),
                 finished_epoch=g.finished_epoch, host_totals=host_totals)
     assert ws.commit_sums is not host_totals
+    if between is not None:
+        between(ws)
     if not commit:
         torch.cuda.synchronize()
         return {}
@@ -80,8 +82,12 @@ def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monke
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)
     pairs = [make_pair(seed, batch, k_queries, hot, staging, row_bytes) for _ in range(2)]
-    sides = [(pairs[0][0], "0", True), (pairs[0][1], "1", True), (pairs[1][0], "1", False),
-             (pairs[1][1], "0", False)]  # harness, DHISPARSE_PDL, host_totals
+    pairs.append(make_pair(seed, batch, k_queries, hot, staging, row_bytes))
+    # harness, DHISPARSE_PDL, host_totals, DHISPARSE_COPY_EARLY (the sync-free commit's copy
+    # blocks read host rows before the lookup ends, or after it)
+    sides = [(pairs[0][0], "0", True, "1"), (pairs[0][1], "1", True, "1"),
+             (pairs[1][0], "1", False, "1"), (pairs[1][1], "0", False, "1"),
+             (pairs[2][0], "1", False, "0"), (pairs[2][1], "0", False, "0")]
     rids = pairs[0][2]
     gen = torch.Generator().manual_seed(seed)
     launched, dependent = [], []
@@ -90,8 +96,9 @@ def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monke
     for hit_frac in (0.0, 0.8, 1.0, 0.3):
         sel = selections(sides[0][0], rids, k_queries, k, hit_frac, gen)
         outs = []
-        for h, pdl, host_totals in sides:
+        for h, pdl, host_totals, early in sides:
             monkeypatch.setenv("DHISPARSE_PDL", pdl)
+            monkeypatch.setenv("DHISPARSE_COPY_EARLY", early)
             outs.append((sync_free_round(h, None, rids, sel, host_totals), snapshot(h)))
         for other in outs[1:]:
             assert_rounds_agree(outs[0][0], other[0], seed, hit_frac)
@@ -99,7 +106,32 @@ def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monke
         launched.append(int(outs[0][0]["totals"][kres.R_COPIES]))
     assert any(launched)  # copies ran
     # DHISPARSE_PDL=0 plain, =1 by cuLaunchKernelEx
-    assert dependent == [False, True, True, False] * 4
+    assert dependent == [False, True, True, False, True, False] * 4
+
+
+@pytest.mark.gpu
+def test_a_commit_finding_no_counts_of_its_call_copies_without_the_preload() -> None:
+    """The copy blocks' preload waits for miss counts tagged with the commit's call; a commit
+    whose tag no lookup published (here the workspace's tag moved on between the launches)
+    gives up after its bound (resolver_commit.cu PRELOAD_WAIT_NS) and copies after the
+    lookup all the same."""
+    from kernels import resolver as kres
+
+    batch, k_queries, k, hot, staging, row_bytes = PENDING_CASES[0]
+    seed = random.randrange(1 << 30)  # printed on failure
+    plain, sync_free, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    gen = torch.Generator().manual_seed(seed)
+    g = sync_free.group
+    ws = kres.Workspace.new(batch, k_queries * k, g.hot_slots, g.device)
+    for frac in (0.0, 0.5):
+        sel = selections(plain, rids, k_queries, k, frac, gen)
+        want = sync_free_round(plain, None, rids, sel, True)
+        got = sync_free_round(sync_free, ws, rids, sel, False,
+                              between=lambda w: setattr(w, "call", w.call + 7))
+        assert int(want["totals"][kres.R_COPIES]) > 0, seed  # copy blocks at work
+        assert_rounds_agree(want, got, seed, frac)
+        assert_same(snapshot(plain), snapshot(sync_free))
+        sync_free.check()
 
 
 # batch, K, k, hot slots, staging rows, row bytes: a warp-summed batch (<= 32) and one above
