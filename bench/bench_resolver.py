@@ -101,6 +101,7 @@ def command(
             "lookup_hits": os.environ.get("DHISPARSE_LOOKUP_HITS", "auto"),
             "copy_blocks": os.environ.get("DHISPARSE_COPY_BLOCKS", "auto"),
             "pdl": os.environ.get("DHISPARSE_PDL", "1"),
+            "copy_early": os.environ.get("DHISPARSE_COPY_EARLY", "1"),
         },
         "setup": {k: v for k, v in args.items() if k != "out"},
         "cases": [],
