@@ -384,7 +384,8 @@ __device__ __forceinline__ void lookup_body(
             unsigned long long* pend = reinterpret_cast<unsigned long long*>(totals + R_PEND + 2 * parity);
             if (m) atomicAdd(pend + P_COPIES, (unsigned long long)m);  // staged rows are misses
             if (cnt[6]) atomicOr(pend + P_STATUS, (unsigned long long)cnt[6]);
-            if (call && !published) st_release(sm + S_EARLY, (i64)call << 32 | m);
+            // m = 0 here (a request with misses published above): no data to order, no fence
+            if (call && !published) *reinterpret_cast<volatile i64*>(sm + S_EARLY) = (i64)call << 32 | m;
         }
         if (sums) {
             __threadfence();
