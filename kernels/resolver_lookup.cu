@@ -12,8 +12,9 @@
 // a byte they agree on is every candidate's, so its pass is skipped: stamps and 20-bit
 // slots leave several such bytes), stopping at the first byte whose chosen bin holds
 // exactly the keys still needed (then K* is that bin's largest possible key). The keys
-// <= K* are compacted and sorted (nv <= NT; each one's rank counted above: nv^2 / NT
-// compares, which took 6.6 us of a 20%-miss lookup at nv = 410 in a trace). Writes their
+// <= K* are compacted and each one's rank is counted (nv^2 / NT compares; a one-key-per-
+// thread bitonic sort of them instead was no faster: H200, c9c57e1, 20% misses, batch 32,
+// nv = 410, compacted -> victims out 6.2-7.2 us against 5.7-6.3 counting). Writes their
 // slots to out[rank]. Non-candidates (~0) are skipped: nv <= candidates. Compaction
 // atomics are warp-aggregated; histogram counts too with match (select_mode 1, "radix_match"),
 // else one shared atomic per key (select_mode 2, "radix": faster on the H200).
@@ -92,12 +93,7 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
     }
     __syncthreads();
     TRACE(12);  // select: keys <= K* compacted
-    if ((int)nv <= NT) {  // sorted (the keys are unique: the slot is in the low bits)
-        sort_upto_nt(vkeys, (int)nv);  // syncs
-        for (int i = threadIdx.x; i < (int)nv; i += NT) out[i] = (i32)(vkeys[i] & 0xFFFFFull);
-        return;
-    }
-    for (int i = threadIdx.x; i < (int)nv; i += NT) {  // each key's rank counted
+    for (int i = threadIdx.x; i < (int)nv; i += NT) {
         const unsigned long long key = vkeys[i];
         unsigned r = 0;
         for (int j = 0; j < (int)nv; ++j) r += vkeys[j] < key;
@@ -310,7 +306,8 @@ __device__ __forceinline__ void lookup_body(
             // written (~0 = not a candidate).
             TRACE(8);  // misses listed (thread 0's share)
             if (!sums && call) {  // the commit's copy blocks may read these misses now
-                __threadfence();  // this thread's misses stores, before the flag
+                // the barrier orders every thread's misses stores before thread 0's release
+                // (cumulative), as a grid barrier's arrival does
                 __syncthreads();
                 if (threadIdx.x == 0) st_release(summary + (i64)b * SCOLS + S_EARLY, (i64)call << 32 | m);
                 published = true;

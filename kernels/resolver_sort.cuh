@@ -68,32 +68,6 @@ __device__ void sort_registers(unsigned long long* keys) {
     __syncthreads();
 }
 
-// Ascending sort of keys[0, n), n <= NT, in shared memory: one key per thread over the next
-// power of two >= n (at least 32; the pads are ~0), partners within a warp by shuffles, the
-// others (j >= 32: 10 of the 45 stages at n = 512) through shared memory, two barriers each.
-// keys must hold that power of two. Every thread of the block calls it; ends with a barrier.
-__device__ void sort_upto_nt(unsigned long long* keys, int n) {
-    int N = 32;
-    while (N < n) N <<= 1;
-    const int t = threadIdx.x;
-    unsigned long long v = t < n ? keys[t] : ~0ull;
-    __syncthreads();  // every key read before any stage stores
-    for (int kk = 2; kk <= N; kk <<= 1) {
-        for (int j = kk >> 1; j > 0; j >>= 1) {
-            if (j >= 32) {
-                if (t < N) keys[t] = v;
-                __syncthreads();
-                if (t < N) v = bitonic_pick(v, keys[t ^ j], t, j, kk);
-                __syncthreads();
-            } else {
-                v = bitonic_pick(v, __shfl_xor_sync(0xffffffffu, v, j), t, j, kk);
-            }
-        }
-    }
-    if (t < n) keys[t] = v;
-    __syncthreads();
-}
-
 // Generic shared-memory bitonic sort of n (a power of two > SORT_N) keys.
 __device__ void sort_smem(unsigned long long* keys, int n) {
     for (int kk = 2; kk <= n; kk <<= 1) {
