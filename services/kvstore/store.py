@@ -28,6 +28,7 @@ from services.common.errors import (
     NotFound,
     PermissionDenied,
     ResourceExhausted,
+    Unavailable,
 )
 from services.kvstore.keys import (
     PREFIX_RE,
@@ -121,6 +122,8 @@ class KVStore:
         # _used); a second open of one waits on _opened until the first one is done
         self._opening: set[HistoryKey] = set()
         self._opened = threading.Condition(self._lock)
+        self._closing = False  # shutdown began: opens are refused (Unavailable)
+        self._closed = False  # shutdown unmapped the segments
         self._histories: dict[HistoryKey, _History] = {}
         self._leases = LeaseTable()
         self._used = 0
@@ -158,6 +161,9 @@ class KVStore:
         name = segment_name(o.prefix, request_id, source_id)
         with self._lock:
             self._opened.wait_for(lambda: key not in self._opening)  # the same key's open
+            if self._closing:
+                raise Unavailable(f"the store is shutting down: open of history "
+                                  f"{request_id}/{source_id} refused")
             self._expire_key(key)  # a lease run out is gone, swept or not (as in _owned)
             if (h := self._histories.get(key)) is not None:
                 info = self._reattach(h, key, owner, row_bytes, num_rows, lease, attach)
@@ -174,6 +180,9 @@ class KVStore:
             # of other histories go on meanwhile
             seg = Segment.create(o.shm_dir / name, size, o.preallocate)
             with self._lock:
+                if self._closed:  # shutdown stopped waiting for this open: nothing kept
+                    raise Unavailable(f"the store shut down while history {request_id}/"
+                                      f"{source_id} was being allocated")
                 deadline = self._clock() + lease
                 record = HistoryRecord(request_id, source_id, owner, row_bytes, num_rows,
                                        name, size, deadline, open_id=open_id)
@@ -411,9 +420,15 @@ class KVStore:
             return StoreStats(self.options.capacity, self._used, len(self._histories),
                               self._expiries, self._recovered)
 
-    def shutdown(self) -> None:
-        """Unmap every segment, keeping files and manifest for the next start."""
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Unmap every segment, keeping files and manifest for the next start. New opens
+        are refused from here on; an open still allocating its segment is waited for (up
+        to ``timeout`` seconds) and its history kept like the others; one that outlasts the
+        wait is refused and its segment removed."""
         with self._lock:
+            self._closing = True
+            self._opened.wait_for(lambda: not self._opening, timeout)
+            self._closed = True
             for h in self._histories.values():
                 h.segment.close()
             self._histories.clear()
