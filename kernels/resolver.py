@@ -42,10 +42,11 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
     lookup_shape,
 )
 
-T_COLS, S_COLS, TOT_COLS = 12, 11, 13  # table / summary / totals columns (resolver_common.cuh)
+T_COLS, S_COLS, TOT_COLS = 12, 11, 14  # table / summary / totals columns (resolver_common.cuh)
 S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 R_PEND = 9  # 2 x (copies, status) pending on the sync-free path, by parity
+R_PRELOADS = 13  # copy blocks that preloaded, summed over every call of the workspace
 ST_SELECTION, ST_NOT_RESIDENT, ST_STAGING = 1 | 2 | 4 | 16, 8, 32
 LOOKUP_THREADS, COMMIT_THREADS = 1024, 512
 # resolver_sort.cuh at 1024 threads: B <= 4096 sorts in registers; larger B in shared memory
@@ -319,9 +320,13 @@ def commit(
     dependent: this launch directly follows ``lookup`` on the stream (the sync-free path):
     it goes out with programmatic dependent launch, so its blocks are scheduled while the
     lookup runs and start the moment it ends (``_loader.launch_dependent``).
-    early: on the sync-free path (``lookup(host_totals=False)`` before), the copy blocks
-    wait for every request's miss count instead of the whole lookup and issue their first
-    host reads then, while the lookup chooses victims; None = ``default_copy_early()``."""
+    early: on the sync-free path (``lookup(host_totals=False)`` before) with the copy rule
+    (copy_blocks 0) and sparse misses (at most 1024 a request on average), the first 16 copy
+    blocks wait for every request's miss count instead of the whole lookup and issue their
+    first host reads then, while the lookup chooses victims (``R_PRELOADS`` counts the
+    blocks that did); None = ``default_copy_early()``. The call's tag is a kernel argument:
+    a CUDA graph replaying the two launches would reuse it, so this path is not for graph
+    capture with early on."""
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots)
     check("stage_locs", stage_locs, torch.int64, 1, "cuda")
     for name, t in (("out.batch", out.batch), ("out.rows", out.rows), ("out.dst", out.dst)):
@@ -374,7 +379,7 @@ def commit(
         parts = default_commit_parts()
     check_limit("parts", parts, MAX_COMMIT_PARTS)
     parts = parts or commit_parts_rule(batch, sm_count(dev))
-    if early is None:
+    if ws.commit_sums and early is None:  # the setting matters (and is read) there only
         early = default_copy_early()
     args += (np.int32(copy_blocks), np.int32(ws.commit_sums), np.int32(parts),
              np.int32(ws.parity), np.int32(ws.call if early and ws.commit_sums else 0))

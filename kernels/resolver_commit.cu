@@ -12,19 +12,24 @@ __device__ __forceinline__ int find_request(const i64* off, int batch, i64 c) {
     return lo;
 }
 
-// Host source of copy item `it` of the flattened (layer, request, miss, vector) list; b and i
-// (the request and its miss index) come back for the destination. misses through L2: the
-// preload reads them while the lookup grid that wrote them still runs.
-template <int W, typename I>
-__device__ __forceinline__ const char* item_src(I it, I per_layer, I vpr, int n_layers, int batch, int Kk,
-                                                unsigned row_bytes, const i64* s_off, const i64* misses,
-                                                const i64* host_ptrs, int& b, i64& i, int& layer, unsigned& vec) {
+// Copy item `it` of the flattened (layer, request, miss, vector) list: its layer, request b,
+// miss index i and vector.
+template <typename I>
+__device__ __forceinline__ void item_of(I it, I per_layer, I vpr, int n_layers, int batch, const i64* s_off,
+                                        int& layer, int& b, i64& i, unsigned& vec) {
     layer = n_layers == 1 ? 0 : (int)(it / per_layer);
     const I li = it - (I)layer * per_layer;
     const I c = li / vpr;
     vec = (unsigned)(li - c * vpr);
     b = find_request(s_off, batch, c);
     i = c - s_off[b];
+}
+
+// Its host source. misses through L2: the preload reads them while the lookup grid that
+// wrote them still runs.
+template <int W>
+__device__ __forceinline__ const char* item_src(int layer, int b, i64 i, unsigned vec, int batch, int Kk,
+                                                unsigned row_bytes, const i64* misses, const i64* host_ptrs) {
     const i64 r = __ldcg(misses + (i64)b * Kk + i);
     return reinterpret_cast<const char*>(host_ptrs[(i64)layer * batch + b]) + r * row_bytes + (i64)vec * W;
 }
@@ -52,16 +57,17 @@ __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict
         for (int u = 0; u < U; ++u) {
             const I it = base + u * stride;
             if (it < total) {
-                int b, layer;
+                int layer, b;
                 i64 i;
                 unsigned vec;
-                const char* src = item_src<W, I>(it, per_layer, vpr, n_layers, batch, Kk, row_bytes, s_off, misses,
-                                                 host_ptrs, b, i, layer, vec);
+                item_of<I>(it, per_layer, vpr, n_layers, batch, s_off, layer, b, i, vec);
                 const i64 nv = summary[(i64)b * SCOLS + S_NV];
                 const i64 dst = i < nv ? reinterpret_cast<const i64*>(table[(i64)b * TCOLS + T_HOT_LOCS])
                                                  [victims[(i64)b * B + i]]
                                            : stage_locs[s_soff[b] + i - nv];
-                v[u] = first ? pre[u] : *reinterpret_cast<const V*>(src);
+                v[u] = first ? pre[u]
+                             : *reinterpret_cast<const V*>(
+                                   item_src<W>(layer, b, i, vec, batch, Kk, row_bytes, misses, host_ptrs));
                 d[u] = reinterpret_cast<char*>(payload_ptrs[layer]) + dst * row_bytes + (i64)vec * W;
             }
         }
@@ -124,13 +130,14 @@ __device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blo
 // dense misses every working block's first round is the whole copy or near it, and reading
 // it while the lookup ran cost time (H200, db6c063, cold batch 1, 656 / 1152 B: 53.8 /
 // 71.4 us against 51.3 / 69.3 without; 20% misses, batch 1: 35.3 / 36.7 against 40.3 /
-// 44.4, batch 32: 277.2 / 337.2 against 284.1 / 340.5). The other blocks do not poll, the
-// last one (the batch's totals, on every call's path) included.
+// 44.4, batch 32: 277.2 / 337.2 against 284.1 / 340.5). The other blocks do not poll, so
+// neither does the last one (the batch's totals, on every call's path) where more than
+// COPY_BLOCKS_MIN copy blocks are launched (launched_copy_blocks: at least one per SM).
 template <int W>
 __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ summary,
                         const i64* __restrict__ misses, const i64* __restrict__ host_ptrs, int n_layers,
                         int batch, int Kk, unsigned row_bytes, int copy_blocks, int ncb, int cb, int call,
-                        i64* s_off, unsigned* s_tmp, int* s_flag) {
+                        i64* preloads, i64* s_off, unsigned* s_tmp, int* s_flag) {
     using V = typename Vec<W>::T;
     if (copy_blocks > 0 || cb >= COPY_BLOCKS_MIN) return false;  // block-uniform
     unsigned long long t0;
@@ -176,14 +183,15 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
     for (int u = 0; u < U; ++u) {
         const i64 it = base + u * stride;
         if (it < items) {
-            int b, layer;
+            int layer, b;
             i64 i;
             unsigned vec;
-            pre[u] = *reinterpret_cast<const V*>(item_src<W, i64>(it, per_layer, (i64)vpr, n_layers, batch, Kk,
-                                                                   row_bytes, s_off, misses, host_ptrs, b, i,
-                                                                   layer, vec));
+            item_of<i64>(it, per_layer, (i64)vpr, n_layers, batch, s_off, layer, b, i, vec);
+            pre[u] = *reinterpret_cast<const V*>(item_src<W>(layer, b, i, vec, batch, Kk, row_bytes, misses,
+                                                             host_ptrs));
         }
     }
+    if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);
     return true;
 }
 
@@ -214,7 +222,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     bool have_pre = false;
     if (call && sums_here && n_layers > 0 && (int)blockIdx.x >= n_commit)
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
-                              (int)gridDim.x - n_commit, (int)blockIdx.x - n_commit, call, s_off, s_tmp, &s_pre);
+                              (int)gridDim.x - n_commit, (int)blockIdx.x - n_commit, call, totals + R_PRELOADS,
+                              s_off, s_tmp, &s_pre);
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900

@@ -25,12 +25,13 @@
 //             copy blocks: the union of every request's misses, flattened into 16-byte
 //             items over (layer, request, row, vector) -- i.e. ascending host address
 //             within a request -- spread over all copy blocks, read from mapped host
-//             memory. On the sync-free path they do not wait for the whole lookup grid
-//             first: each waits for every request's miss count (S_EARLY, published once
-//             the request's misses are listed), then issues its first round of host reads
-//             while the lookup blocks still choose victims (preload; stores only after
-//             the grid ended). Nothing is mutated or copied when status != 0 (bad input,
-//             staging arena too small): the host raises with the group unchanged.
+//             memory. On the sync-free path with sparse misses the first COPY_BLOCKS_MIN
+//             of them do not wait for the whole lookup grid first: each waits for every
+//             request's miss count (S_EARLY, published once the request's misses are
+//             listed), then issues its first round of host reads while the lookup blocks
+//             still choose victims (preload; stores only after the grid ended). Nothing is
+//             mutated or copied when status != 0 (bad input, staging arena too small):
+//             the host raises with the group unchanged.
 // No host synchronization between or inside the launches.
 // Source layout: resolver_common.cuh (types, table/summary/totals columns, trace,
 // block helpers), resolver_lookup.cu (launch 1), resolver_commit.cu (launch 2, plan
@@ -77,8 +78,10 @@ enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT,
 // and good input) no block but one sums the batch; that block also clears parity p ^ 1 for
 // the next call. A slot left dirty (a lookup without its commit) only sends a call down the
 // summing path.
+// R_PRELOADS: copy blocks that preloaded (resolver_commit.cu), over every call of the
+// workspace (the tests read it; never reset)
 enum { R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT, R_TICKET, R_PEND,
-       TOT_COLS = R_PEND + 4 };
+       R_PRELOADS = R_PEND + 4, TOT_COLS };
 enum { P_COPIES, P_STATUS };
 // status bits
 enum { ST_SEL_LT_M1 = 1, ST_VISIBLE = 2, ST_SEL_GE_VISIBLE = 4, ST_NOT_RESIDENT = 8, ST_ROW_RANGE = 16,

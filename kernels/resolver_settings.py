@@ -133,10 +133,10 @@ def default_copy_blocks() -> int:
 
 
 def default_copy_early() -> bool:
-    """``DHISPARSE_COPY_EARLY`` (1 | 0, default 1): on the sync-free path the commit's copy
-    blocks issue their first round of host reads as soon as every request's misses are
-    listed, before the lookup has chosen the victims (resolver_commit.cu ``preload``); 0
-    waits for the whole lookup grid first."""
+    """``DHISPARSE_COPY_EARLY`` (1 | 0, default 1): on the sync-free path, with the copy
+    rule and sparse misses, the commit's first copy blocks issue their first round of host
+    reads as soon as every request's misses are listed, before the lookup has chosen the
+    victims (resolver_commit.cu ``preload``); 0 waits for the whole lookup grid first."""
     value = os.environ.get("DHISPARSE_COPY_EARLY", "1")
     if value not in ("0", "1"):
         raise InvalidArgument(f"DHISPARSE_COPY_EARLY={value!r} must be 0 or 1")

@@ -62,6 +62,7 @@ def sync_free_round(h: Harness, ws, rids: list[str], sel: torch.Tensor, host_tot
                              ws.totals[kres.TOT_COLS: kres.TOT_COLS + 2 * (batch + 1)]]).cpu(),
         "copies": [t.cpu() for t in (out.batch, out.rows, out.dst, out.staged_rows)],
         "pending": int(ws.totals[p: p + 2].abs().sum()),
+        "preloads": int(ws.totals[kres.R_PRELOADS]),  # over every call of ws
     }
 
 
@@ -104,6 +105,10 @@ def test_sync_free_path_with_dependent_commit_matches_plain_launches(case, monke
             assert_rounds_agree(outs[0][0], other[0], seed, hit_frac)
             assert_same(outs[0][1], other[1])
         launched.append(int(outs[0][0]["totals"][kres.R_COPIES]))
+        # copy blocks preloaded exactly where the sync-free path had copies with it on
+        for (_, _, host_totals, early), (got, _) in zip(sides, outs, strict=True):
+            want = not host_totals and early == "1" and launched[-1] > 0
+            assert (got["preloads"] > 0) == want, (seed, hit_frac, host_totals, early, got)
     assert any(launched)  # copies ran
     # DHISPARSE_PDL=0 plain, =1 by cuLaunchKernelEx
     assert dependent == [False, True, True, False, True, False] * 4
@@ -123,15 +128,17 @@ def test_a_commit_finding_no_counts_of_its_call_copies_without_the_preload() -> 
     gen = torch.Generator().manual_seed(seed)
     g = sync_free.group
     ws = kres.Workspace.new(batch, k_queries * k, g.hot_slots, g.device)
-    for frac in (0.0, 0.5):
+    for frac, shift in ((0.0, 7), (0.5, 7), (0.0, 0)):  # the last: the tags agree
         sel = selections(plain, rids, k_queries, k, frac, gen)
         want = sync_free_round(plain, None, rids, sel, True)
         got = sync_free_round(sync_free, ws, rids, sel, False,
-                              between=lambda w: setattr(w, "call", w.call + 7))
+                              between=lambda w, d=shift: setattr(w, "call", w.call + d))
         assert int(want["totals"][kres.R_COPIES]) > 0, seed  # copy blocks at work
         assert_rounds_agree(want, got, seed, frac)
         assert_same(snapshot(plain), snapshot(sync_free))
         sync_free.check()
+        # no block preloaded while the tags differed (R_PRELOADS sums the workspace's calls)
+        assert (got["preloads"] > 0) == (shift == 0), (seed, frac, got["preloads"])
 
 
 # batch, K, k, hot slots, staging rows, row bytes: a warp-summed batch (<= 32) and one above
