@@ -5,9 +5,9 @@ shared-memory mapping, which keeps working while the store is down; only ``open`
 ``commit`` and ``close`` need the store and raise ``Unavailable`` then (or
 ``DeadlineExceeded`` while it is stalled). This wrapper retries ``open`` and ``commit`` on
 either, both being safe to repeat (the engine thread waits, then continues with the same
-bytes: no token changes; a commit of rows already backed changes nothing), and defers
-``close`` to a background thread, so a kill -9 of the kvstore pauses decoding for the
-restart and loses nothing.
+bytes: no token changes; a commit of rows already backed changes nothing), and hands every
+``close`` to a background closer, so a release never waits for the store and a kill -9 of
+the kvstore pauses decoding for the restart and loses nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TypeVar
 import torch
 
 from services.common.backing import HostBacking
-from services.common.errors import DeadlineExceeded, DHiSparseError, NotFound, Unavailable
+from services.common.errors import DeadlineExceeded, NotFound, Unavailable
 from services.common.logging import get_logger
 from services.kvstore.client import KVStoreClient
 
@@ -68,20 +68,26 @@ class RetryingHistory:
 class RetryingProvider:
     """``HostBackingProvider`` over a :class:`KVStoreClient` with retries (see module doc)."""
 
+    RETRY_AFTER_S = 0.5  # a close the store did not take is tried again this much later
+
     def __init__(self, client: KVStoreClient, retry_seconds: float = 60.0,
                  backoff_s: float = 0.1, close_timeout_s: float = 1.0) -> None:
         self.client = client
         self.retry_seconds = retry_seconds
         self.backoff_s = backoff_s
-        # a close waits at most this long for the store (then it is deferred): the engine
-        # thread releases, and an open waits behind the closer's attempt
+        # one attempt of a close waits at most this long for the store; an open of that
+        # key waits for the attempt (only of its own key)
         self.close_timeout_s = close_timeout_s
         self.retries = 0
-        self._deferred: list[tuple[str, int, int]] = []  # (request, source, opening)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._closer = threading.Thread(target=self._close_deferred, daemon=True,
-                                        name="kvstore-deferred-close")
+        # closes not through yet, oldest first: (request, source, opening); the one the
+        # closer is trying is _trying
+        self._pending: list[tuple[str, int, int]] = []
+        self._trying: tuple[str, int, int] | None = None
+        self._retry_at = 0.0
+        self._cv = threading.Condition()
+        self._stop = False
+        self._closer = threading.Thread(target=self._close_pending, daemon=True,
+                                        name="kvstore-close")
         self._closer.start()
 
     def _retry(self, fn: Callable[[], T], what: str) -> T:
@@ -99,8 +105,10 @@ class RetryingProvider:
 
     def open(self, request_id: str, source_id: int, row_bytes: int,
              num_rows: int) -> RetryingHistory:
-        with self._lock:  # wanted again before its deferred close ran: keep it
-            self._deferred = [d for d in self._deferred if d[:2] != (request_id, source_id)]
+        key = (request_id, source_id)
+        with self._cv:  # wanted again before its close went through: keep it
+            self._cv.wait_for(lambda: self._trying is None or self._trying[:2] != key)
+            self._pending = [d for d in self._pending if d[:2] != key]
         # one token for every attempt: a retry after a lost reply still learns that this
         # open created the history (a failed admission must free it)
         token = uuid.uuid4().hex
@@ -110,51 +118,61 @@ class RetryingProvider:
         return RetryingHistory(inner, self._retry)
 
     def close(self, request_id: str, source_id: int) -> None:
-        """Free the history now, or later from a background thread when the store cannot
-        answer (down, restarting, slow): a release waits for the store at most
-        ``close_timeout_s`` per history (it used to wait the client's 10 s RPC timeout) and
-        never fails for it. NotFound means its lease ran out meanwhile (it is freed already)
-        or the key was opened again after this close set out (the store keeps that one).
-        The close names the opening it maps, retries too: a key opened again meanwhile
-        is not freed by this close."""
-        opening = self.client.opening_of(request_id, source_id)
+        """Release the history without waiting for the store: its mapping goes here at once
+        (``KVStoreClient.detach``) and the background closer frees it in the store, trying
+        again every RETRY_AFTER_S while the store cannot answer (down, restarting, slow;
+        one attempt waits at most ``close_timeout_s``). NotFound ends it: the lease ran out
+        meanwhile (freed already) or the key was opened again after this close set out
+        (the close names the opening it mapped, and the store keeps the newer one)."""
+        opening = self.client.detach(request_id, source_id)
+        with self._cv:
+            self._pending.append((request_id, source_id, opening))
+            self._cv.notify_all()
+
+    @property
+    def deferred(self) -> int:
+        """Closes not through yet (queued, or being tried)."""
+        with self._cv:
+            return len(self._pending) + (self._trying is not None)
+
+    def _close_pending(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not (
+                        self._pending and time.monotonic() >= self._retry_at):
+                    self._cv.wait(max(0.01, self._retry_at - time.monotonic())
+                                  if self._pending else None)
+                if self._stop:
+                    return
+                entry = self._trying = self._pending.pop(0)
+            through = self._close_one(*entry)
+            with self._cv:
+                self._trying = None
+                if not through:  # first again: closes go through in release order
+                    self._pending.insert(0, entry)
+                    self._retry_at = time.monotonic() + self.RETRY_AFTER_S
+                self._cv.notify_all()
+
+    def _close_one(self, request_id: str, source_id: int, opening: int) -> bool:
+        """One attempt; False when the store did not take it (kept for later)."""
         try:
             self.client.close(request_id, source_id, timeout=self.close_timeout_s,
                               opening=opening)
         except NotFound:
-            pass
-        except DHiSparseError as exc:
-            log.warning("kvstore close of %s/%d deferred: %s", request_id, source_id, exc)
-            with self._lock:
-                self._deferred.append((request_id, source_id, opening))
+            pass                      # freed already, or opened again since
+        except Exception as exc:      # anything else: the closer keeps it and goes on
+            if not isinstance(exc, Unavailable):
+                log.warning("kvstore close of %s/%d failed, kept for later: %s", request_id,
+                            source_id, exc)
+            return False
+        return True
 
-    @property
-    def deferred(self) -> int:
-        with self._lock:
-            return len(self._deferred)
-
-    def _close_deferred(self) -> None:
-        while not self._stop.wait(0.5):
-            with self._lock:  # held across the closes: an open of a key waits for its
-                self._close_some()  # close to go through or to stay deferred
-
-    def _close_some(self) -> None:
-        """(Lock held.) Retry the deferred closes in order until one fails to reach the store."""
-        todo, self._deferred = self._deferred, []
-        for i, (request_id, source_id, opening) in enumerate(todo):
-            try:
-                self.client.close(request_id, source_id, timeout=self.close_timeout_s,
-                                  opening=opening)
-            except NotFound:
-                pass                      # its lease expired meanwhile: already freed
-            except Exception as exc:      # anything else: keep the rest for next time
-                if not isinstance(exc, Unavailable):
-                    log.warning("deferred kvstore close of %s/%d failed: %s", request_id,
-                                source_id, exc)
-                self._deferred.extend(todo[i:])
-                break
-
-    def shutdown(self) -> None:
-        self._stop.set()
-        self._closer.join(timeout=2)
+    def shutdown(self, flush_s: float = 2.0) -> None:
+        """Give the queued closes up to ``flush_s`` to go through (what is left runs out
+        with its lease), then stop the closer and the client."""
+        with self._cv:
+            self._cv.wait_for(lambda: not self._pending and self._trying is None, flush_s)
+            self._stop = True
+            self._cv.notify_all()
+        self._closer.join(timeout=self.close_timeout_s + 1)
         self.client.shutdown()

@@ -217,6 +217,18 @@ class KVStoreClient:
             h = self._open.get((request_id, source_id))
         return h.opening if h is not None else 0
 
+    def detach(self, request_id: str, source_id: int) -> int:
+        """Take the key's mapping out of this client's table and unmap it, without asking
+        the store; returns its opening (0: none was mapped), which the ``close`` that frees
+        the history in the store then names. An ``open`` of the key meanwhile asks the
+        store (it re-attaches: that close is refused then and the history stays)."""
+        with self._lock:
+            h = self._open.pop((request_id, source_id), None)
+        if h is None:
+            return 0
+        h.close()
+        return h.opening
+
     def close(self, request_id: str, source_id: int, timeout: float | None = None,
               opening: int | None = None) -> None:
         """Free the history in the store and unmap it here. The mapping leaves this

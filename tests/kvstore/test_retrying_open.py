@@ -30,8 +30,8 @@ class LosingClient:
             raise Unavailable("kvstore went away before replying")
         return SimpleNamespace(created=created)
 
-    def opening_of(self, request_id: str, source_id: int) -> int:
-        return 0  # closes whatever the key holds
+    def detach(self, request_id: str, source_id: int) -> int:
+        return 0  # the close frees whatever the key holds
 
     def close(self, request_id: str, source_id: int, timeout: float | None = None,
               opening: int | None = None) -> None:
@@ -67,9 +67,8 @@ class FlakyCloser:
         self.timeouts: set[float | None] = set()
         self.mode = "ok"
 
-    def opening_of(self, request_id: str, source_id: int) -> int:
-        # the opening of the client's mapping; none once a close took it out of the table
-        return 0 if (request_id, source_id) in self.calls else 100 + len(request_id)
+    def detach(self, request_id: str, source_id: int) -> int:
+        return 100 + len(request_id)  # the opening of the client's mapping
 
     def close(self, request_id: str, source_id: int, timeout: float | None = None,
               opening: int | None = None) -> None:
@@ -95,8 +94,9 @@ def test_closes_are_deferred_on_any_store_error_and_survive_them() -> None:
     provider = RetryingProvider(client)  # type: ignore[arg-type]
     try:
         client.mode = "gone"
-        provider.close("x", 0)  # no error, nothing deferred
-        assert provider.deferred == 0
+        provider.close("x", 0)  # no error, nothing kept
+        wait_for(lambda: provider.deferred == 0 and client.calls == [("x", 0)], 5,
+                 "the close of x through")
         client.mode = "down"
         provider.close("a", 0)
         client.mode = "slow"
@@ -107,10 +107,10 @@ def test_closes_are_deferred_on_any_store_error_and_survive_them() -> None:
         client.mode = "ok"
         wait_for(lambda: provider.deferred == 0, 5, "every deferred close through")
         assert ("b", 0) in client.calls[-2:] and provider._closer.is_alive()
-        # a stalled store holds a release (or an open behind the closer) for the short
-        # close timeout, not the client's RPC timeout
+        # a stalled store holds an open of the key being closed for the short close
+        # timeout, not the client's RPC timeout
         assert client.timeouts == {provider.close_timeout_s} and provider.close_timeout_s <= 1
-        # every try names the opening the first one mapped: a key opened again meanwhile
+        # every try names the opening the release detached: a key opened again meanwhile
         # (a newer opening in the store) is not freed by a late retry
         assert client.openings[("a", 0)] == {101} and client.openings[("b", 0)] == {101}
     finally:
@@ -130,12 +130,59 @@ def test_an_open_cancels_the_deferred_close_of_its_history() -> None:
     try:
         client.mode = "down"
         provider.close("r", 0)
+        wait_for(lambda: client.calls == [("r", 0)], 5, "the first try of the close")
         assert provider.deferred == 1
         provider.open("r", 0, 16, 8)
         assert provider.deferred == 0
         client.mode = "ok"
         time.sleep(1.2)  # two rounds of the background closer
         assert client.calls == [("r", 0)]  # only the first, failed attempt
+    finally:
+        provider.shutdown()
+
+
+def test_a_release_never_waits_for_the_store_and_an_open_waits_only_for_its_own_key(
+) -> None:
+    """The engine thread releases and goes on while the closer's attempt waits for a stalled
+    store; an open of another key is not held, an open of the key being closed waits for
+    that attempt (bounded by close_timeout_s) and then keeps the history."""
+    import threading
+
+    class GatedCloser(FlakyCloser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate, self.entered, self.opened = threading.Event(), threading.Event(), []
+
+        def close(self, request_id, source_id, timeout=None, opening=None):
+            self.entered.set()
+            assert self.gate.wait(10)
+            super().close(request_id, source_id, timeout, opening)
+
+        def open(self, request_id, source_id, row_bytes, num_rows, open_id=""):
+            self.opened.append(request_id)
+            return SimpleNamespace(created=True)
+
+    client = GatedCloser()
+    provider = RetryingProvider(client)  # type: ignore[arg-type]
+    try:
+        client.mode = "slow"
+        t0 = time.monotonic()
+        provider.close("a", 0)
+        provider.close("b", 0)
+        assert time.monotonic() - t0 < 0.5  # neither waited for the store
+        assert client.entered.wait(5) and provider.deferred == 2
+        provider.open("c", 0, 16, 8)  # another key: not held by a's attempt
+        assert client.opened == ["c"]
+        reopen = threading.Thread(target=provider.open, args=("a", 0, 16, 8))
+        reopen.start()
+        reopen.join(0.3)
+        assert reopen.is_alive() and client.opened == ["c"]  # waits for a's attempt
+        client.gate.set()  # a's attempt fails (slow): kept, then cancelled by the open
+        reopen.join(5)
+        assert client.opened == ["c", "a"]
+        client.mode = "ok"
+        wait_for(lambda: provider.deferred == 0, 5, "b's close through")
+        assert client.calls == [("a", 0), ("b", 0)]  # a tried once, before its open
     finally:
         provider.shutdown()
 
