@@ -61,13 +61,16 @@ __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict
                 i64 i;
                 unsigned vec;
                 item_of<I>(it, per_layer, vpr, n_layers, batch, s_off, layer, b, i, vec);
+                // the source even in the preloaded round: a load under `first` cost 1152 B
+                // rows 13-24% at 20% misses, batch 32 / 160 (H200, 9d1c1f2 against de0606e
+                // in one call: 383.5-398.3 / 2084.7-2122.3 us against 338.5-346.7 /
+                // 1693.9-1742.6; 656 B rows unchanged)
+                const char* src = item_src<W>(layer, b, i, vec, batch, Kk, row_bytes, misses, host_ptrs);
                 const i64 nv = summary[(i64)b * SCOLS + S_NV];
                 const i64 dst = i < nv ? reinterpret_cast<const i64*>(table[(i64)b * TCOLS + T_HOT_LOCS])
                                                  [victims[(i64)b * B + i]]
                                            : stage_locs[s_soff[b] + i - nv];
-                v[u] = first ? pre[u]
-                             : *reinterpret_cast<const V*>(
-                                   item_src<W>(layer, b, i, vec, batch, Kk, row_bytes, misses, host_ptrs));
+                v[u] = first ? pre[u] : *reinterpret_cast<const V*>(src);
                 d[u] = reinterpret_cast<char*>(payload_ptrs[layer]) + dst * row_bytes + (i64)vec * W;
             }
         }
