@@ -24,6 +24,7 @@ from services.decode.hierarchy.promotion import release_staging as ref_release_s
 from services.decode.hierarchy.request import rank_words
 
 from ._loader import vec_width
+from .promote import promote, promote_fits
 from .resolver import (
     R_COPIES,
     R_DIRECT,
@@ -46,8 +47,6 @@ from .resolver import (
     default_copy_blocks,
     lookup,
     plan_copy,
-    promote,
-    promote_fits,
 )
 
 
@@ -317,7 +316,7 @@ def release_staging(group: SourceGroup) -> int:
 
 
 def release_staging_async(group: SourceGroup) -> torch.Tensor:
-    """``release_staging`` with one launch per promotion wave (``kernels.resolver.promote``)
+    """``release_staging`` with one launch per promotion wave (``kernels.promote.promote``)
     and no host read: returns the rows promoted as an int64 device scalar. A wave whose
     row bitmap would not fit in shared memory (source rows beyond ~1.5M at B = 4096) is
     promoted by the torch path instead (same result)."""

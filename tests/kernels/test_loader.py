@@ -13,7 +13,7 @@ def test_a_single_file_module_is_its_file() -> None:
 
 def test_the_resolver_parts_join_into_one_source_with_every_kernel_the_wrappers_launch() -> None:
     text = source("resolver")
-    wrappers = (HERE / "resolver.py").read_text()
+    wrappers = (HERE / "resolver.py").read_text() + (HERE / "promote.py").read_text()
     for name in ("resolve_lookup", "resolve_lookup_2"):  # launched by name from resolver.py
         assert re.search(rf"__global__ void (__launch_bounds__\([^)]*\) )?{name}\(", text)
         assert f'"{name}' in wrappers
@@ -51,16 +51,16 @@ def test_workspace_pointers_follow_the_kernels_argument_order() -> None:
 
 
 def test_promote_passes_arguments_in_the_kernels_order() -> None:
-    """kernels.resolver.promote's argument tuple against promote_staged's parameter list."""
+    """kernels.promote.promote's argument tuple against promote_staged's parameter list."""
     import inspect
 
-    from kernels import resolver
+    from kernels import promote
 
     text = source("resolver")
     sig = text[text.index("void __launch_bounds__(NT) promote_staged_"):]
     params = re.findall(r"(\w+)\s*[,)]", sig[sig.index("(", sig.index("promote_staged_")):
                                             sig.index("{")])
-    body = inspect.getsource(resolver.promote)
+    body = inspect.getsource(promote.promote)
     args = body[body.index("args = ("):body.index("launch(")]
     passed = re.findall(r"(?:ptr|np\.\w+)\(([\w.]+?)(?:\.numel\(\))?\)", args)
     # the same 14 values in the same order on both sides (n_layers = payload_ptrs.numel())

@@ -46,7 +46,8 @@ def test_pending_readers_raise_and_change_nothing() -> None:
 
 
 def test_promote_validates_before_launch() -> None:
-    from kernels.resolver import T_COLS, promote
+    from kernels.promote import promote
+    from kernels.resolver import T_COLS
 
     z = torch.zeros(1, dtype=torch.int64)
     with pytest.raises(InvalidArgument, match="table is on device=cpu"):
@@ -56,7 +57,7 @@ def test_promote_validates_before_launch() -> None:
 
 
 def test_promote_shared_memory_formula_and_the_serving_shape_fits_an_sm() -> None:
-    from kernels.resolver import promote_shared_bytes
+    from kernels.promote import promote_shared_bytes
 
     assert promote_shared_bytes(4096, 100_000) == 8 * 4096 + 8 * 3125 + 4 * 4096
     assert promote_shared_bytes(5000, 1) == 8 * 8192 + 8 + 4 * 5000  # B > 4096: next pow2

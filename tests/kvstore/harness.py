@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -120,3 +121,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def gated_allocation(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """Make the store's ``Segment.create`` block until ``gate`` is set (``entered`` once it
+    was called): an open held while it allocates its segment outside the store lock."""
+    from services.kvstore import store as store_mod
+
+    gate, entered = threading.Event(), threading.Event()
+    create = store_mod.Segment.create
+
+    def slow_create(path, size, preallocate=True):
+        entered.set()
+        assert gate.wait(10)
+        return create(path, size, preallocate)
+
+    monkeypatch.setattr(store_mod.Segment, "create", slow_create)
+    return gate, entered

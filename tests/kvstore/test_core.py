@@ -20,7 +20,14 @@ from services.common.errors import (
 from services.kvstore.ranges import RangeSet
 from services.kvstore.segments import segment_name
 from services.kvstore.store import KVStore
-from tests.kvstore.harness import SHM, Clock, assert_no_segments, options, segments
+from tests.kvstore.harness import (
+    SHM,
+    Clock,
+    assert_no_segments,
+    gated_allocation,
+    options,
+    segments,
+)
 
 
 def snapshot(s: KVStore) -> tuple:
@@ -237,18 +244,8 @@ def test_a_slow_segment_allocation_holds_no_other_history(store: KVStore, clock:
     waits for it and learns it created the history."""
     import threading
 
-    from services.kvstore import store as store_mod
-
     store.open("other", 0, "w1", 64, 16)
-    gate, entered = threading.Event(), threading.Event()
-    create = store_mod.Segment.create
-
-    def slow_create(path, size, preallocate=True):
-        entered.set()
-        assert gate.wait(10)
-        return create(path, size, preallocate)
-
-    monkeypatch.setattr(store_mod.Segment, "create", slow_create)
+    gate, entered = gated_allocation(monkeypatch)
     results: dict[str, object] = {}
     first = threading.Thread(target=lambda: results.setdefault(
         "first", store.open("big", 0, "w0", 64, 1024, open_id="t1")))

@@ -9,23 +9,14 @@ import threading
 import pytest
 
 from services.common.errors import Unavailable
-from services.kvstore import store as store_mod
 from services.kvstore.store import KVStore
-from tests.kvstore.harness import Clock, assert_no_segments, options, segments
-
-
-def _gated_allocation(monkeypatch) -> tuple[threading.Event, threading.Event]:
-    """Segment.create blocks until ``gate`` is set; ``entered`` once it was called."""
-    gate, entered = threading.Event(), threading.Event()
-    create = store_mod.Segment.create
-
-    def slow_create(path, size, preallocate=True):
-        entered.set()
-        assert gate.wait(10)
-        return create(path, size, preallocate)
-
-    monkeypatch.setattr(store_mod.Segment, "create", slow_create)
-    return gate, entered
+from tests.kvstore.harness import (
+    Clock,
+    assert_no_segments,
+    gated_allocation,
+    options,
+    segments,
+)
 
 
 def _open_in_thread(store: KVStore, results: dict) -> threading.Thread:
@@ -42,7 +33,7 @@ def _open_in_thread(store: KVStore, results: dict) -> threading.Thread:
 
 def test_shutdown_waits_for_an_open_allocating_its_segment(store: KVStore, prefix: str,
                                                            clock: Clock, monkeypatch) -> None:
-    gate, entered = _gated_allocation(monkeypatch)
+    gate, entered = gated_allocation(monkeypatch)
     results: dict = {}
     opener = _open_in_thread(store, results)
     assert entered.wait(10)
@@ -68,7 +59,7 @@ def test_shutdown_waits_for_an_open_allocating_its_segment(store: KVStore, prefi
 
 def test_an_open_outlasting_the_shutdown_wait_is_refused_and_removed(
         store: KVStore, prefix: str, clock: Clock, monkeypatch) -> None:
-    gate, entered = _gated_allocation(monkeypatch)
+    gate, entered = gated_allocation(monkeypatch)
     results: dict = {}
     opener = _open_in_thread(store, results)
     assert entered.wait(10)
