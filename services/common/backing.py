@@ -81,5 +81,8 @@ class HostBackingProvider(Protocol):
         ...
 
     def close(self, request_id: str, source_id: int) -> None:
-        """Free the history. Unknown keys raise ``NotFound``."""
+        """Free the history: at once, unknown keys raising ``NotFound``, or (a provider
+        over a store that may not answer, ``services.decode.host_backing``) in the
+        background, never raising for the store; an ``open`` of the key afterwards sees it
+        freed either way."""
         ...

@@ -21,7 +21,7 @@ from typing import TypeVar
 import torch
 
 from services.common.backing import HostBacking
-from services.common.errors import DeadlineExceeded, NotFound, Unavailable
+from services.common.errors import DeadlineExceeded, NotFound, ResourceExhausted, Unavailable
 from services.common.logging import get_logger
 from services.kvstore.client import KVStoreClient
 
@@ -105,17 +105,46 @@ class RetryingProvider:
 
     def open(self, request_id: str, source_id: int, row_bytes: int,
              num_rows: int) -> RetryingHistory:
+        """Create (or re-attach) the history. A close of the same key still queued goes
+        through first, as it would have before a synchronous release returned: the open
+        then creates the history anew (a re-attach of the released one would keep its old
+        rows, and a failed admission would not free it). Capacity the queued closes are
+        about to free is waited for: ResourceExhausted while closes are queued is retried
+        once they went through. Both waits end with ``retry_seconds`` (Unavailable)."""
         key = (request_id, source_id)
-        with self._cv:  # wanted again before its close went through: keep it
-            self._cv.wait_for(lambda: self._trying is None or self._trying[:2] != key)
-            self._pending = [d for d in self._pending if d[:2] != key]
+        deadline = time.monotonic() + self.retry_seconds
+        self._wait_closes(lambda: not self._queued(key), deadline, f"the close of {key}")
         # one token for every attempt: a retry after a lost reply still learns that this
         # open created the history (a failed admission must free it)
         token = uuid.uuid4().hex
-        inner = self._retry(lambda: self.client.open(request_id, source_id, row_bytes,
-                                                     num_rows, open_id=token),
-                            f"open {request_id}")
-        return RetryingHistory(inner, self._retry)
+        while True:
+            try:
+                inner = self._retry(lambda: self.client.open(request_id, source_id, row_bytes,
+                                                             num_rows, open_id=token),
+                                    f"open {request_id}")
+                return RetryingHistory(inner, self._retry)
+            except ResourceExhausted:
+                with self._cv:
+                    waiting = len(self._pending) + (self._trying is not None)
+                if not waiting:
+                    raise
+                self._wait_closes(lambda n=waiting: self.deferred_locked() < n, deadline,
+                                  "capacity from the queued closes")
+
+    def _queued(self, key: tuple[str, int]) -> bool:
+        """(cv held.) A close of ``key`` waits or is being tried."""
+        return any(d[:2] == key for d in self._pending) or (
+            self._trying is not None and self._trying[:2] == key)
+
+    def deferred_locked(self) -> int:
+        """(cv held.) Closes not through yet."""
+        return len(self._pending) + (self._trying is not None)
+
+    def _wait_closes(self, done: Callable[[], bool], deadline: float, what: str) -> None:
+        with self._cv:
+            if not self._cv.wait_for(done, max(0.0, deadline - time.monotonic())):
+                raise Unavailable(f"waited {self.retry_seconds}s for {what}: the kvstore "
+                                  "does not take the queued closes")
 
     def close(self, request_id: str, source_id: int) -> None:
         """Release the history without waiting for the store: its mapping goes here at once
@@ -133,7 +162,7 @@ class RetryingProvider:
     def deferred(self) -> int:
         """Closes not through yet (queued, or being tried)."""
         with self._cv:
-            return len(self._pending) + (self._trying is not None)
+            return self.deferred_locked()
 
     def _close_pending(self) -> None:
         while True:
@@ -145,26 +174,32 @@ class RetryingProvider:
                 if self._stop:
                     return
                 entry = self._trying = self._pending.pop(0)
-            through = self._close_one(*entry)
-            with self._cv:
-                self._trying = None
-                if not through:  # first again: closes go through in release order
-                    self._pending.insert(0, entry)
-                    self._retry_at = time.monotonic() + self.RETRY_AFTER_S
-                self._cv.notify_all()
+            through = False
+            try:
+                through = self._close_one(*entry)
+            finally:
+                with self._cv:
+                    self._trying = None
+                    if not through:  # first again: closes go through in release order
+                        self._pending.insert(0, entry)
+                        self._retry_at = time.monotonic() + self.RETRY_AFTER_S
+                    self._cv.notify_all()
 
     def _close_one(self, request_id: str, source_id: int, opening: int) -> bool:
-        """One attempt; False when the store did not take it (kept for later)."""
+        """One attempt; False when the store did not answer (kept for later). A refusal
+        other than NotFound is logged and dropped: kept, it would hold every later close
+        (they go in release order); the history runs out with its lease (not renewed:
+        detached)."""
         try:
             self.client.close(request_id, source_id, timeout=self.close_timeout_s,
                               opening=opening)
         except NotFound:
             pass                      # freed already, or opened again since
-        except Exception as exc:      # anything else: the closer keeps it and goes on
-            if not isinstance(exc, Unavailable):
-                log.warning("kvstore close of %s/%d failed, kept for later: %s", request_id,
-                            source_id, exc)
-            return False
+        except (Unavailable, DeadlineExceeded):
+            return False              # down, restarting or stalled: try again later
+        except Exception as exc:
+            log.warning("kvstore close of %s/%d refused, left to its lease: %s", request_id,
+                        source_id, exc)
         return True
 
     def shutdown(self, flush_s: float = 2.0) -> None:

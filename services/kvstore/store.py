@@ -427,7 +427,9 @@ class KVStore:
         wait is refused and its segment removed."""
         with self._lock:
             self._closing = True
-            self._opened.wait_for(lambda: not self._opening, timeout)
+            if not self._opened.wait_for(lambda: not self._opening, timeout):
+                log.warning("kvstore shutdown: %d open(s) still allocating after %.0fs are "
+                            "refused", len(self._opening), timeout)
             self._closed = True
             for h in self._histories.values():
                 h.segment.close()

@@ -4,7 +4,6 @@ frees it); closes never fail for the store, they wait in a background closer."""
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 from services.common.errors import DeadlineExceeded, NotFound, Unavailable
@@ -117,26 +116,36 @@ def test_closes_are_deferred_on_any_store_error_and_survive_them() -> None:
         provider.shutdown()
 
 
-def test_an_open_cancels_the_deferred_close_of_its_history() -> None:
-    """Released while the store was down (close deferred), then admitted again: the open
-    keeps the history instead of letting the late close free it under the new request."""
+def test_an_open_waits_for_the_queued_close_of_its_key() -> None:
+    """Released while the store was down (its close queued), then admitted again: the open
+    waits until that close went through and then creates the history anew, as after a
+    synchronous release (a re-attach of the released history would keep its old rows, and
+    a failed admission would not free it)."""
+    import threading
 
-    class DownThenUp(FlakyCloser):
+    class Recording(FlakyCloser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.opened: list[str] = []
+
         def open(self, request_id, source_id, row_bytes, num_rows, open_id=""):
-            return SimpleNamespace(created=False)  # the client's mapped handle, still valid
+            self.opened.append(request_id)
+            return SimpleNamespace(created=True)
 
-    client = DownThenUp()
+    client = Recording()
     provider = RetryingProvider(client)  # type: ignore[arg-type]
     try:
         client.mode = "down"
         provider.close("r", 0)
         wait_for(lambda: client.calls == [("r", 0)], 5, "the first try of the close")
-        assert provider.deferred == 1
-        provider.open("r", 0, 16, 8)
-        assert provider.deferred == 0
+        reopen = threading.Thread(target=provider.open, args=("r", 0, 16, 8))
+        reopen.start()
+        reopen.join(0.8)  # a retry of the close (every 0.5 s) fails meanwhile
+        assert reopen.is_alive() and client.opened == [] and provider.deferred == 1
         client.mode = "ok"
-        time.sleep(1.2)  # two rounds of the background closer
-        assert client.calls == [("r", 0)]  # only the first, failed attempt
+        reopen.join(5)
+        assert client.opened == ["r"] and provider.deferred == 0
+        assert client.calls[-1] == ("r", 0) and len(client.calls) >= 2
     finally:
         provider.shutdown()
 
@@ -144,8 +153,8 @@ def test_an_open_cancels_the_deferred_close_of_its_history() -> None:
 def test_a_release_never_waits_for_the_store_and_an_open_waits_only_for_its_own_key(
 ) -> None:
     """The engine thread releases and goes on while the closer's attempt waits for a stalled
-    store; an open of another key is not held, an open of the key being closed waits for
-    that attempt (bounded by close_timeout_s) and then keeps the history."""
+    store; an open of another key is not held, an open of a key whose close is queued
+    waits until that close went through."""
     import threading
 
     class GatedCloser(FlakyCloser):
@@ -159,30 +168,78 @@ def test_a_release_never_waits_for_the_store_and_an_open_waits_only_for_its_own_
             super().close(request_id, source_id, timeout, opening)
 
         def open(self, request_id, source_id, row_bytes, num_rows, open_id=""):
-            self.opened.append(request_id)
+            self.opened.append((request_id, len(self.calls)))  # closes tried by then
             return SimpleNamespace(created=True)
 
     client = GatedCloser()
     provider = RetryingProvider(client)  # type: ignore[arg-type]
     try:
         client.mode = "slow"
-        t0 = time.monotonic()
         provider.close("a", 0)
         provider.close("b", 0)
-        assert time.monotonic() - t0 < 0.5  # neither waited for the store
-        assert client.entered.wait(5) and provider.deferred == 2
+        assert client.entered.wait(5) and not client.gate.is_set()  # returned, a stuck
+        assert provider.deferred == 2
         provider.open("c", 0, 16, 8)  # another key: not held by a's attempt
-        assert client.opened == ["c"]
+        assert client.opened == [("c", 0)]
         reopen = threading.Thread(target=provider.open, args=("a", 0, 16, 8))
         reopen.start()
-        reopen.join(0.3)
-        assert reopen.is_alive() and client.opened == ["c"]  # waits for a's attempt
-        client.gate.set()  # a's attempt fails (slow): kept, then cancelled by the open
-        reopen.join(5)
-        assert client.opened == ["c", "a"]
+        client.gate.set()  # a's attempt fails (slow): a stays queued, the open waits
+        wait_for(lambda: client.calls == [("a", 0)], 5, "a's first attempt")
+        assert reopen.is_alive()
         client.mode = "ok"
+        reopen.join(5)
         wait_for(lambda: provider.deferred == 0, 5, "b's close through")
-        assert client.calls == [("a", 0), ("b", 0)]  # a tried once, before its open
+        assert client.calls == [("a", 0), ("a", 0), ("b", 0)]
+        # a opened once its close had gone through (b's may have followed before it)
+        assert client.opened[0] == ("c", 0) and client.opened[1][0] == "a"
+        assert client.opened[1][1] >= 2
+    finally:
+        provider.shutdown()
+
+
+def test_an_open_refused_for_capacity_waits_for_the_queued_closes() -> None:
+    """A release no longer frees the store's bytes before it returns: the next admission's
+    open can find the store full while the close that makes room is queued. It is tried
+    again once that close went through; with nothing queued the refusal stands."""
+    import threading
+
+    from services.common.errors import ResourceExhausted
+
+    class OneRoom(FlakyCloser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.held: set[str] = set()
+            self.gate = threading.Event()
+
+        def open(self, request_id, source_id, row_bytes, num_rows, open_id=""):
+            if self.held - {request_id}:
+                raise ResourceExhausted("capacity=1 history")
+            self.held.add(request_id)
+            return SimpleNamespace(created=True)
+
+        def close(self, request_id, source_id, timeout=None, opening=None):
+            assert self.gate.wait(10)
+            super().close(request_id, source_id, timeout, opening)
+            self.held.discard(request_id)
+
+    client = OneRoom()
+    provider = RetryingProvider(client)  # type: ignore[arg-type]
+    try:
+        provider.open("x", 0, 16, 8)
+        provider.close("x", 0)  # queued: its attempt waits at the gate
+        opener = threading.Thread(target=provider.open, args=("y", 0, 16, 8))
+        opener.start()
+        opener.join(0.3)
+        assert opener.is_alive() and client.held == {"x"}  # refused once, waiting
+        client.gate.set()
+        opener.join(5)
+        assert client.held == {"y"} and provider.deferred == 0
+        try:
+            provider.open("z", 0, 16, 8)  # nothing queued: the refusal stands
+        except ResourceExhausted:
+            pass
+        else:
+            raise AssertionError("z fitted in a full store")
     finally:
         provider.shutdown()
 

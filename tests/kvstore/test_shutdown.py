@@ -10,6 +10,7 @@ import pytest
 
 from services.common.errors import Unavailable
 from services.kvstore.store import KVStore
+from tests.cluster.harness import wait_for
 from tests.kvstore.harness import (
     Clock,
     assert_no_segments,
@@ -39,7 +40,8 @@ def test_shutdown_waits_for_an_open_allocating_its_segment(store: KVStore, prefi
     assert entered.wait(10)
     closer = threading.Thread(target=store.shutdown)
     closer.start()
-    closer.join(0.3)
+    wait_for(lambda: store._closing, 5, "shutdown to begin")
+    closer.join(0.2)
     assert closer.is_alive()  # waits for the open
     with pytest.raises(Unavailable, match="shutting down: open of history small/0 refused"):
         store.open("small", 0, "w0", 64, 16)
