@@ -75,8 +75,8 @@ class RetryingProvider:
         self.client = client
         self.retry_seconds = retry_seconds
         self.backoff_s = backoff_s
-        # one attempt of a close waits at most this long for the store; an open of that
-        # key waits for the attempt (only of its own key)
+        # one attempt of a close waits at most this long for the store (an open of a key
+        # whose close is queued waits for that close only)
         self.close_timeout_s = close_timeout_s
         self.retries = 0
         # closes not through yet, oldest first: (request, source, opening); the one the
@@ -125,7 +125,7 @@ class RetryingProvider:
                 return RetryingHistory(inner, self._retry)
             except ResourceExhausted:
                 with self._cv:
-                    waiting = len(self._pending) + (self._trying is not None)
+                    waiting = self.deferred_locked()
                 if not waiting:
                     raise
                 self._wait_closes(lambda n=waiting: self.deferred_locked() < n, deadline,
