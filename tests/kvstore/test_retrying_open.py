@@ -64,7 +64,13 @@ class FlakyCloser:
         self.calls: list[tuple[str, int]] = []
         self.openings: dict[tuple[str, int], set[int | None]] = {}  # named by each close
         self.timeouts: set[float | None] = set()
+        self.opened: list[tuple[str, int]] = []  # (request, closes tried by then)
         self.mode = "ok"
+
+    def open(self, request_id: str, source_id: int, row_bytes: int, num_rows: int,
+             open_id: str = "") -> SimpleNamespace:
+        self.opened.append((request_id, len(self.calls)))
+        return SimpleNamespace(created=True)
 
     def detach(self, request_id: str, source_id: int) -> int:
         return 100 + len(request_id)  # the opening of the client's mapping
@@ -123,16 +129,7 @@ def test_an_open_waits_for_the_queued_close_of_its_key() -> None:
     a failed admission would not free it)."""
     import threading
 
-    class Recording(FlakyCloser):
-        def __init__(self) -> None:
-            super().__init__()
-            self.opened: list[str] = []
-
-        def open(self, request_id, source_id, row_bytes, num_rows, open_id=""):
-            self.opened.append(request_id)
-            return SimpleNamespace(created=True)
-
-    client = Recording()
+    client = FlakyCloser()
     provider = RetryingProvider(client)  # type: ignore[arg-type]
     try:
         client.mode = "down"
@@ -141,11 +138,11 @@ def test_an_open_waits_for_the_queued_close_of_its_key() -> None:
         reopen = threading.Thread(target=provider.open, args=("r", 0, 16, 8))
         reopen.start()
         reopen.join(0.8)  # a retry of the close (every 0.5 s) fails meanwhile
-        assert reopen.is_alive() and client.opened == [] and provider.deferred == 1
+        assert reopen.is_alive() and not client.opened and provider.deferred == 1
         client.mode = "ok"
         reopen.join(5)
-        assert client.opened == ["r"] and provider.deferred == 0
-        assert client.calls[-1] == ("r", 0) and len(client.calls) >= 2
+        assert [r for r, _ in client.opened] == ["r"] and provider.deferred == 0
+        assert client.calls[-1] == ("r", 0) and client.opened[0][1] == len(client.calls) >= 2
     finally:
         provider.shutdown()
 
@@ -160,16 +157,12 @@ def test_a_release_never_waits_for_the_store_and_an_open_waits_only_for_its_own_
     class GatedCloser(FlakyCloser):
         def __init__(self) -> None:
             super().__init__()
-            self.gate, self.entered, self.opened = threading.Event(), threading.Event(), []
+            self.gate, self.entered = threading.Event(), threading.Event()
 
         def close(self, request_id, source_id, timeout=None, opening=None):
             self.entered.set()
             assert self.gate.wait(10)
             super().close(request_id, source_id, timeout, opening)
-
-        def open(self, request_id, source_id, row_bytes, num_rows, open_id=""):
-            self.opened.append((request_id, len(self.calls)))  # closes tried by then
-            return SimpleNamespace(created=True)
 
     client = GatedCloser()
     provider = RetryingProvider(client)  # type: ignore[arg-type]
