@@ -50,7 +50,8 @@ async def run(config: KVStoreConfig, stop_event: asyncio.Event | None = None) ->
             await expiry
         if metrics_server is not None:
             metrics_server.close()
-        store.shutdown()
+        # off the loop: it may wait (up to its timeout) for opens still allocating
+        await asyncio.to_thread(store.shutdown)
 
 
 def main(config: KVStoreConfig) -> None:
