@@ -193,6 +193,7 @@ def lookup(
         fn = kernel("resolver", func, dev, True, flags)
         cap = dynamic_shared_cap(fn, dev)
     shared = lookup_shared_bytes(words, pow2, rank)
+    call = 0 if host_totals else ws.call % (1 << 30) + 1  # the sync-free path's tag
     check_limit(f"shared bytes ({48 if rank else 24} * ceil(rows_bound / 128) + 8.125 * pow2(B)"
                 f"{' + up to 8' if rank else ''})", shared, cap)
     args = (
@@ -213,12 +214,12 @@ def lookup(
         np.int32(VICTIM_SELECT[select]),
         np.int32(bool(host_totals)),
         np.int32(ws.parity ^ (not host_totals)),
-        np.int32(0 if host_totals else ws.call % (1 << 30) + 1),
+        np.int32(call),
     )
     launch(fn, (batch,), (threads,), args, shared)
     if not host_totals:
         ws.parity ^= 1
-        ws.call = ws.call % (1 << 30) + 1
+        ws.call = call
     ws.commit_sums = not host_totals
 
 

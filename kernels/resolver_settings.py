@@ -35,15 +35,17 @@ def defines() -> tuple[str, ...]:
     """Compile-time variant of the resolver kernels: ``DHISPARSE_RESOLVER_TRACE=1`` builds the phase
     trace in (``bench/resolver/trace.py`` reads it); same results, a few stores more.
     ``DHISPARSE_RESOLVER_LINEINFO=1`` adds source line info for a profiler (same code)."""
-    out: list[str] = []
-    for var, flag in (("DHISPARSE_RESOLVER_TRACE", "-DRESOLVER_TRACE"),
-                      ("DHISPARSE_RESOLVER_LINEINFO", "-lineinfo")):
-        value = os.environ.get(var, "0")
-        if value not in ("0", "1"):
-            raise InvalidArgument(f"{var}={value!r} must be 0 or 1")
-        if value == "1":
-            out.append(flag)
-    return tuple(out)
+    return tuple(flag for var, flag in (("DHISPARSE_RESOLVER_TRACE", "-DRESOLVER_TRACE"),
+                                        ("DHISPARSE_RESOLVER_LINEINFO", "-lineinfo"))
+                 if _switch(var, "0"))
+
+
+def _switch(var: str, default: str) -> bool:
+    """``var`` = 1 | 0 (``default`` when unset); anything else is refused, naming it."""
+    value = os.environ.get(var, default)
+    if value not in ("0", "1"):
+        raise InvalidArgument(f"{var}={value!r} must be 0 or 1")
+    return value == "1"
 
 
 LOOKUP_HITS = ("auto", "index", "rank")
@@ -137,10 +139,7 @@ def default_copy_early() -> bool:
     rule and sparse misses, the commit's first copy blocks issue their first round of host
     reads as soon as every request's misses are listed, before the lookup has chosen the
     victims (resolver_commit.cu ``preload``); 0 waits for the whole lookup grid first."""
-    value = os.environ.get("DHISPARSE_COPY_EARLY", "1")
-    if value not in ("0", "1"):
-        raise InvalidArgument(f"DHISPARSE_COPY_EARLY={value!r} must be 0 or 1")
-    return value == "1"
+    return _switch("DHISPARSE_COPY_EARLY", "1")
 
 
 def default_commit_parts() -> int:

@@ -125,10 +125,10 @@ class RetryingProvider:
                 return RetryingHistory(inner, self._retry)
             except ResourceExhausted:
                 with self._cv:
-                    waiting = self.deferred_locked()
+                    waiting = self._deferred_locked()
                 if not waiting:
                     raise
-                self._wait_closes(lambda n=waiting: self.deferred_locked() < n, deadline,
+                self._wait_closes(lambda n=waiting: self._deferred_locked() < n, deadline,
                                   "capacity from the queued closes")
 
     def _queued(self, key: tuple[str, int]) -> bool:
@@ -136,7 +136,7 @@ class RetryingProvider:
         return any(d[:2] == key for d in self._pending) or (
             self._trying is not None and self._trying[:2] == key)
 
-    def deferred_locked(self) -> int:
+    def _deferred_locked(self) -> int:
         """(cv held.) Closes not through yet."""
         return len(self._pending) + (self._trying is not None)
 
@@ -162,7 +162,7 @@ class RetryingProvider:
     def deferred(self) -> int:
         """Closes not through yet (queued, or being tried)."""
         with self._cv:
-            return self.deferred_locked()
+            return self._deferred_locked()
 
     def _close_pending(self) -> None:
         while True:
