@@ -60,6 +60,17 @@ class Gather:
         launch(self.fn, (self.grid,), (256,), args)
 
 
+class ProbeCall:
+    """Call ``c`` of a ``gather_probe`` variant on ``grid`` blocks."""
+
+    def __init__(self, probe, grid: int, dst, src, calls, row_bytes: int) -> None:
+        self.probe, self.grid, self.dst, self.src, self.calls = probe, grid, dst, src, calls
+        self.row_bytes = row_bytes
+
+    def __call__(self, c: int) -> None:
+        self.probe(self.grid, self.dst, self.src, self.calls[c], self.row_bytes)
+
+
 def command(
     out: str = "bench/results/host_gather_h200.json",
     modes: str = "register,vmm,hostalloc",
@@ -69,8 +80,12 @@ def command(
     patterns: str = "1:2048,32:2048,32:410,160:410,160:410:same",
     grids: str = "16,66,0",
     reps: int = 6,
+    variants: str = "",
 ) -> None:
-    """GB/s of sparse, address-sorted host row gathers per allocation, pattern and grid."""
+    """GB/s of sparse, address-sorted host row gathers per allocation, pattern and grid;
+    with ``variants`` (comma-separated, ``bench/resolver/gather_probe.py``) each grid is
+    timed with each way of reading the rows instead of copy.cu's gather."""
+    from bench.resolver import gather_probe
     from kernels._loader import kernel, sm_count
 
     dev = torch.device("cuda")
@@ -91,6 +106,7 @@ def command(
     flush = Flusher(dev)
     w = 16 if row_bytes % 16 == 0 else 8
     fn = kernel("copy", f"gather_rows_{w}", dev.index or 0)
+    probes = {v: gather_probe.variant(v, dev.index or 0) for v in variants.split(",") if v}
     auto = sm_count(dev.index or 0) * 8
     perm = torch.rand(regions, seq_len, device=dev).argsort(1)
     for mode in modes.split(","):
@@ -112,41 +128,51 @@ def command(
             flush=True,
         )
         cursor = 0
-        for nreg, nrows, same in pats:
-            for g in grid_list:
-                grid = g or auto
-                calls = []
-                for _ in range(reps + 1):
-                    cols = (torch.arange(nrows, device=dev) + cursor) % seq_len
-                    cursor += 0 if same else nrows
-                    rows = perm[:nreg].gather(1, cols.expand(nreg, nrows)).sort(1).values
-                    src_idx = (rows + torch.arange(nreg, device=dev)[:, None] * seq_len).reshape(-1)
-                    calls.append(src_idx.contiguous())
-                n = nreg * nrows
-                dst = torch.empty(n, row_bytes, dtype=torch.uint8, device=dev)
+        for (nreg, nrows, same), g, var in (
+            (pat, g, v) for pat in pats for g in grid_list for v in (list(probes) or [""])
+        ):
+            grid = g or auto
+            calls = []
+            for _ in range(reps + 1):
+                cols = (torch.arange(nrows, device=dev) + cursor) % seq_len
+                cursor += 0 if same else nrows
+                rows = perm[:nreg].gather(1, cols.expand(nreg, nrows)).sort(1).values
+                src_idx = (rows + torch.arange(nreg, device=dev)[:, None] * seq_len).reshape(-1)
+                calls.append(src_idx.contiguous())
+            n = nreg * nrows
+            dst = torch.empty(n, row_bytes, dtype=torch.uint8, device=dev)
+            if var:
+                probe = probes[var]
+                ts = time_gpu(
+                    ProbeCall(probe, grid, dst, host, calls, row_bytes), reps, 1, flush=flush
+                )
+                ok = gather_probe.check(dst, host, calls[-1])
+            else:
                 ts = time_gpu(Gather(fn, grid, dst, host, calls, row_bytes), reps, 1, flush=flush)
-                us = statistics.median(ts)
                 ok = torch.equal(dst[-1].cpu(), host[calls[-1][-1].item()].cpu())
-                row = dict(
-                    mode=mode,
-                    same_rows=same,
-                    regions=nreg,
-                    rows=nrows,
-                    grid=grid,
-                    us=round(us, 1),
-                    gbps=round(n * row_bytes / us / 1e3, 1),
-                    memcpy_gbps=memcpy,
-                    huge_mb=huge_mb,
-                    alloc_s=alloc_s,
-                    last_row_equal=ok,
-                )
-                row["of_memcpy"] = round(row["gbps"] / memcpy, 3)
-                rec["rows"].append(row)
-                print(
-                    f"  {nreg:4d} x {nrows:5d}{' same' if same else ''} grid {grid}: {us:.1f} us "
-                    f"{row['gbps']:5.1f} GB/s ({row['of_memcpy']:.0%}) {'' if ok else 'MISMATCH'}",
-                    flush=True,
-                )
+            us = statistics.median(ts)
+            row = dict(
+                variant=var or "copy.cu",
+                mode=mode,
+                same_rows=same,
+                regions=nreg,
+                rows=nrows,
+                grid=grid,
+                us=round(us, 1),
+                gbps=round(n * row_bytes / us / 1e3, 1),
+                memcpy_gbps=memcpy,
+                huge_mb=huge_mb,
+                alloc_s=alloc_s,
+                last_row_equal=ok,
+            )
+            row["of_memcpy"] = round(row["gbps"] / memcpy, 3)
+            rec["rows"].append(row)
+            print(
+                f"  {nreg:4d} x {nrows:5d}{' same' if same else ''} grid {grid} {var}: "
+                f"{us:.1f} us "
+                f"{row['gbps']:5.1f} GB/s ({row['of_memcpy']:.0%}) {'' if ok else 'MISMATCH'}",
+                flush=True,
+            )
         if how.startswith("cudaHostRegister"):
             torch.cuda.cudart().cudaHostUnregister(host_flat.data_ptr())
         del host, host_flat
