@@ -30,8 +30,10 @@ from ._loader import (
 from .resolver_settings import (  # re-exported: the wrappers' settings live there
     MAX_COMMIT_PARTS,
     MAX_COPY_BLOCKS,
+    TMA_ROWS,
     VICTIM_SELECT,
     commit_parts_rule,
+    copy_tma,
     default_commit_parts,
     default_copy_blocks,
     default_copy_early,
@@ -304,6 +306,7 @@ def commit(
     dependent: bool = False,
     parts: int | None = None,
     early: bool | None = None,
+    tma: bool | None = None,
 ) -> None:
     """Launch 2: apply the lookup (victims, stamps, staging), finish ``locations`` and the
     copy list; with ``host_ptrs`` (int64 [L, batch]) and ``payloads`` (int64 [L]) also copy
@@ -327,7 +330,9 @@ def commit(
     first host reads then, while the lookup chooses victims (``R_PRELOADS`` counts the
     blocks that did); None = ``default_copy_early()``. The call's tag is a kernel argument:
     a CUDA graph replaying the two launches would reuse it, so this path is not for graph
-    capture with early on."""
+    capture with early on.
+    tma: copy the misses by the tensor memory accelerator (``copy_tma``; None = its
+    setting, ``DHISPARSE_COPY_TMA``)."""
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots)
     check("stage_locs", stage_locs, torch.int64, 1, "cuda")
     for name, t in (("out.batch", out.batch), ("out.rows", out.rows), ("out.dst", out.dst)):
@@ -349,7 +354,8 @@ def commit(
             )
     w = vec_width(row_bytes)
     dev = selections.device.index
-    fn = kernel("resolver", f"resolve_commit_{w}", dev, False, defines())
+    tma = bool(layers) and copy_tma(tma, row_bytes, w, torch.cuda.get_device_capability(dev))
+    fn = kernel("resolver", f"resolve_commit_{w}{'_tma' if tma else ''}", dev, False, defines())
     null = np.uint64(0)
     args = (
         ptr(table),
@@ -386,10 +392,11 @@ def commit(
              np.int32(ws.parity), np.int32(ws.call if early and ws.commit_sums else 0))
     copies = copy_blocks or launched_copy_blocks(batch * parts, sm_count(dev))
     grid = batch * parts + (copies if layers else 0)
+    shared = TMA_ROWS * row_bytes if tma else 0  # the TMA rows' buffers
     if dependent:
-        launch_dependent(fn, (grid,), (COMMIT_THREADS,), args)
+        launch_dependent(fn, (grid,), (COMMIT_THREADS,), args, shared)
     else:
-        launch(fn, (grid,), (COMMIT_THREADS,), args)
+        launch(fn, (grid,), (COMMIT_THREADS,), args, shared)
 
 
 def plan_copy(

@@ -1,209 +1,14 @@
 // Launch 2 of the fused resolver (see resolver_common.cuh): commit blocks and miss
-// copies; plus the plan copies of follower payload layers.
+// copies (resolver_copy.cuh); plus the plan copies of follower payload layers.
 #include "resolver_common.cuh"
-
-// Copy item -> (request, miss index) by binary search over copy offsets in shared memory.
-__device__ __forceinline__ int find_request(const i64* off, int batch, i64 c) {
-    int lo = 0, hi = batch;  // off[lo] <= c < off[hi]
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (off[mid] <= c) lo = mid; else hi = mid;
-    }
-    return lo;
-}
-
-// Copy item `it` of the flattened (layer, request, miss, vector) list: its layer, request b,
-// miss index i and vector.
-template <typename I>
-__device__ __forceinline__ void item_of(I it, I per_layer, I vpr, int n_layers, int batch, const i64* s_off,
-                                        int& layer, int& b, i64& i, unsigned& vec) {
-    layer = n_layers == 1 ? 0 : (int)(it / per_layer);
-    const I li = it - (I)layer * per_layer;
-    const I c = li / vpr;
-    vec = (unsigned)(li - c * vpr);
-    b = find_request(s_off, batch, c);
-    i = c - s_off[b];
-}
-
-// Its host source. misses through L2: the preload reads them while the lookup grid that
-// wrote them still runs.
-template <int W>
-__device__ __forceinline__ const char* item_src(int layer, int b, i64 i, unsigned vec, int batch, int Kk,
-                                                unsigned row_bytes, const i64* misses, const i64* host_ptrs) {
-    const i64 r = __ldcg(misses + (i64)b * Kk + i);
-    return reinterpret_cast<const char*>(host_ptrs[(i64)layer * batch + b]) + r * row_bytes + (i64)vec * W;
-}
-
-// Item index math in I: unsigned (32-bit divisions) when every item index fits, else i64.
-// With have_pre, the first round's loads were issued before the lookup grid ended (preload)
-// and their values are in pre.
-template <int W, typename I>
-__device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict__ misses,
-                            const i32* __restrict__ victims, const i64* __restrict__ summary,
-                            const i64* __restrict__ stage_locs, const i64* __restrict__ host_ptrs,
-                            const i64* __restrict__ payload_ptrs, int n_layers, int batch, int Kk, int B,
-                            unsigned row_bytes, const i64* s_off, const i64* s_soff, i64 n_copies,
-                            int cblock, int ncblocks, const typename Vec<W>::T (&pre)[U], bool have_pre) {
-    using V = typename Vec<W>::T;
-    const I vpr = (I)(row_bytes / W);
-    const I per_layer = (I)n_copies * vpr, total = per_layer * (I)n_layers;
-    const I stride = (I)ncblocks * blockDim.x;
-
-    bool first = have_pre;
-    for (I base = (I)cblock * blockDim.x + threadIdx.x; base < total; base += stride * U) {
-        V v[U];
-        char* d[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const I it = base + u * stride;
-            if (it < total) {
-                int layer, b;
-                i64 i;
-                unsigned vec;
-                item_of<I>(it, per_layer, vpr, n_layers, batch, s_off, layer, b, i, vec);
-                // the source even in the preloaded round: a load under `first` cost 1152 B
-                // rows 13-24% at 20% misses, batch 32 / 160 (H200, 9d1c1f2 against de0606e
-                // in one call: 383.5-398.3 / 2084.7-2122.3 us against 338.5-346.7 /
-                // 1693.9-1742.6; 656 B rows unchanged)
-                const char* src = item_src<W>(layer, b, i, vec, batch, Kk, row_bytes, misses, host_ptrs);
-                const i64 nv = summary[(i64)b * SCOLS + S_NV];
-                const i64 dst = i < nv ? reinterpret_cast<const i64*>(table[(i64)b * TCOLS + T_HOT_LOCS])
-                                                 [victims[(i64)b * B + i]]
-                                           : stage_locs[s_soff[b] + i - nv];
-                v[u] = first ? pre[u] : *reinterpret_cast<const V*>(src);
-                d[u] = reinterpret_cast<char*>(payload_ptrs[layer]) + dst * row_bytes + (i64)vec * W;
-            }
-        }
-        first = false;
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (base + u * stride < total) *reinterpret_cast<V*>(d[u]) = v[u];
-    }
-}
-
-#define COPY_BLOCKS_MIN 16
-#define HM_SLOTS 8  // hit-mask slots per commit thread loaded with the summary
-#define COPY_ITEMS_PER_BLOCK 512  // W-byte items of the mean request per copy block at work
-#define COPY_SPARSE_ROWS 1024  // a batch missing at most this many rows per request: COPY_BLOCKS_MIN
-#define PRELOAD_WAIT_NS 2000000  // a preload gives up after this long without every count
-
-// Copy blocks at work (*active) and the spacing of the working ones among the ncb launched
-// (*step), for n_copies misses (vpr W-byte vectors a row).
-// At work: copy_blocks, or (0) COPY_BLOCKS_MIN while the mean request
-// misses at most COPY_SPARSE_ROWS rows, else about one per COPY_ITEMS_PER_BLOCK W-byte
-// items of the mean request's misses in one layer, at least COPY_BLOCKS_MIN (layers
-// are copied one after the other, so the requests in flight at once depend on the
-// rows per request, not on the layer count). Few misses per request spread over many
-// requests read fastest with few rows in flight, while dense requests want every
-// block (H200, top_k 2048, 100K-row requests, whole calls by copy blocks, 16 / the
-// rule before the sparse case / 264: 410 rows per request, batch 160: 1526 / 1613 /
-// 1813 us for 656 B rows, 1632 / 1941 / 2058 for 1152 B; batch 32: 274 / 283 / 287 and
-// 332 / 353 / 353; 2048 rows per request, batch 160: 5317 / 4899 / 4788 and 9077 /
-// 7609 / 7593; bench/results/copy_blocks_h200_186a8d1.json). The mean decides: a dense
-// request batched with light ones also gets COPY_BLOCKS_MIN (not measured).
-// The working blocks are spread over the launched ones (every step-th): consecutive
-// blocks share SMs, and a commit launched with PDL is placed in index order onto
-// whatever the lookup left free; the sparse rule takes the first ones, as a launch of
-// exactly that many would (H200, c4dec7e, 20% misses, batch 32 / 160: 273 / 1481 us
-// for 656 B rows, 333 / 1667 for 1152 B, against 286 / 1531 and 334 / 1769 with every
-// 16th at work, runs 32 and 31)
-__device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blocks, int ncb, unsigned vpr,
-                                           int* active, int* step) {
-    int a = copy_blocks;
-    const bool sparse = a <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch;
-    if (sparse) {
-        a = COPY_BLOCKS_MIN;
-    } else if (a <= 0) {
-        const i64 per_request = (n_copies * vpr + batch - 1) / batch;
-        a = (int)min((i64)ncb, max((i64)COPY_BLOCKS_MIN, (per_request + COPY_ITEMS_PER_BLOCK - 1) /
-                                                             COPY_ITEMS_PER_BLOCK));
-    }
-    *active = min(a, ncb);
-    *step = sparse ? 1 : ncb / *active;
-}
-
-// A copy block of the sync-free path before the lookup grid has ended: waits for every
-// request's miss count (S_EARLY of this call, published once the request's misses are
-// listed), makes the copy offsets (s_off) and, if the block is one at work, issues the
-// loads of its first round of items into pre -- the host reads start while the lookup
-// blocks still choose victims. Returns whether pre holds them. No store: the destinations
-// (victims, staging) and the call's status come after griddepcontrol.wait, and a refused
-// call drops the loaded values. Gives up (false) after PRELOAD_WAIT_NS.
-// Only the sparse case of the rule preloads (its COPY_BLOCKS_MIN first copy blocks): with
-// dense misses every working block's first round is the whole copy or near it, and reading
-// it while the lookup ran cost time (H200, db6c063, cold batch 1, 656 / 1152 B: 53.8 /
-// 71.4 us against 51.3 / 69.3 without; 20% misses, batch 1: 35.3 / 36.7 against 40.3 /
-// 44.4, batch 32: 277.2 / 337.2 against 284.1 / 340.5). The other blocks do not poll, so
-// neither does the last one (the batch's totals, on every call's path) where more than
-// COPY_BLOCKS_MIN copy blocks are launched (launched_copy_blocks: at least one per SM).
-template <int W>
-__device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ summary,
-                        const i64* __restrict__ misses, const i64* __restrict__ host_ptrs, int n_layers,
-                        int batch, int Kk, unsigned row_bytes, int copy_blocks, int ncb, int cb, int call,
-                        i64* preloads, i64* s_off, unsigned* s_tmp, int* s_flag) {
-    using V = typename Vec<W>::T;
-    if (copy_blocks > 0 || cb >= COPY_BLOCKS_MIN) return false;  // block-uniform
-    unsigned long long t0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    if (threadIdx.x == 0) *s_flag = 1;
-    __syncthreads();
-    unsigned mv[2] = {0u, 0u};
-    bool ok = true;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {  // requests 2 t, 2 t + 1 (blockDim.x >= MAXB / 2)
-        const int q = 2 * threadIdx.x + j;
-        if (q >= batch) continue;
-        const i64* at = summary + (i64)q * SCOLS + S_EARLY;
-        i64 v = ld_acquire(at);
-        while ((v >> 32) != (i64)call && ok) {
-            __nanosleep(100);
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            ok = t - t0 < PRELOAD_WAIT_NS;
-            v = ld_acquire(at);
-        }
-        mv[j] = (unsigned)(v & 0xFFFFFFFFll);
-    }
-    if (!ok) *s_flag = 0;
-    unsigned total;
-    unsigned o = block_scan(mv[0] + mv[1], s_tmp, &total);  // syncs (s_flag is final)
-    if (!*s_flag) return false;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const int q = 2 * threadIdx.x + j;
-        if (q < batch) s_off[q] = o, o += mv[j];
-    }
-    if (total == 0 || total > (unsigned)COPY_SPARSE_ROWS * batch) return false;  // block-uniform
-    if (threadIdx.x == 0) s_off[batch] = total;
-    __syncthreads();
-    const unsigned vpr = row_bytes / W;
-    int active, step;
-    copy_share(total, batch, copy_blocks, ncb, vpr, &active, &step);
-    if (cb % step != 0 || cb / step >= active) return false;
-    const i64 per_layer = (i64)total * vpr, items = per_layer * n_layers, stride = (i64)active * blockDim.x;
-    const i64 base = (i64)(cb / step) * blockDim.x + threadIdx.x;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const i64 it = base + u * stride;
-        if (it < items) {
-            int layer, b;
-            i64 i;
-            unsigned vec;
-            item_of<i64>(it, per_layer, (i64)vpr, n_layers, batch, s_off, layer, b, i, vec);
-            pre[u] = *reinterpret_cast<const V*>(item_src<W>(layer, b, i, vec, batch, Kk, row_bytes, misses,
-                                                             host_ptrs));
-        }
-    }
-    if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);
-    return true;
-}
+#include "resolver_copy.cuh"
 
 // grid: [0, batch * parts) commit blocks, [batch * parts, gridDim.x) copy blocks (n_layers
 // may be 0). Commit block x serves request x % batch, part x / batch: part p stamps the hits
 // of slots [p R, (p + 1) R) (R = B / parts rounded up to whole mask words), part 0 also
 // takes the misses (victims, staging, copy list, locations). More parts spread a request's
 // stamping stores over more SMs.
-template <int W>
+template <int W, bool TMA>
 __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict__ sel,
                             i64* __restrict__ locs, i64* __restrict__ miss_dst,
                             const i64* __restrict__ misses, const i32* __restrict__ victims,
@@ -215,6 +20,10 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                             int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch,
                             int copy_blocks, int sums_here, int parts, int parity, int call) {
     __shared__ i64 s_off[MAXB + 1], s_soff[MAXB + 1];
+    __shared__ __align__(8) unsigned long long s_bar[TMA ? TMA_ROWS : 1];
+    extern __shared__ __align__(128) unsigned char s_rows[];  // TMA: TMA_ROWS rows
+    constexpr bool tma = W == 16 && TMA;
+    int tma_issued = 0;  // rows the preload sent to this thread's TMA stages
     __shared__ int s_ok, s_fast, s_pre;
     __shared__ unsigned s_tmp[33], s_cnt[8];
     const int Kk = K * k;
@@ -226,7 +35,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     if (call && sums_here && n_layers > 0 && (int)blockIdx.x >= n_commit)
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
                               (int)gridDim.x - n_commit, (int)blockIdx.x - n_commit, call, totals + R_PRELOADS,
-                              s_off, s_tmp, &s_pre);
+                              s_off, s_tmp, &s_pre, tma, s_rows, s_bar, &tma_issued);
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900
@@ -292,7 +101,10 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         __syncthreads();
     }
     TRACE(17);  // totals read
-    if (!s_ok) return;
+    if (!s_ok) {
+        tma_drain(s_bar, tma_issued);
+        return;
+    }
     if (!commit_block) {
         const i64 n_copies = sums_here ? s_off[batch] : totals[R_COPIES];
         if (n_copies == 0 || n_layers == 0) return;
@@ -310,7 +122,11 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         }
         // 32-bit item indices when the last one (plus a stride of U rounds) stays below 2^32
         const i64 items = n_copies * (row_bytes / W) * n_layers + (i64)active * blockDim.x * U;
-        if (items < (1ll << 32))
+        if (tma)
+            copy_rows_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, n_copies, cb / step,
+                                   active, s_rows, s_bar),
+                          have_pre, B, table, victims, summary, stage_locs, payload_ptrs, s_soff);
+        else if (items < (1ll << 32))
             copy_misses<W, unsigned>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
                                      batch, Kk, B, row_bytes, s_off, s_soff, n_copies, cb / step, active, pre,
                                      have_pre);
@@ -406,22 +222,26 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     }
 }
 
-#define COMMIT(W)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(512, 2) resolve_commit_##W(                                      \
+// resolve_commit_<W>: W-byte vector copies; resolve_commit_16_tma: the same kernel with the
+// miss copies by the tensor memory accelerator (its own registers: the copy loop of the
+// others stays as it was)
+#define COMMIT(NAME, W, TMA)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(512, 2) NAME(                                                 \
         const i64* table, const i64* sel, i64* locs, i64* miss_dst, const i64* misses,    \
         const i32* victims, const i32* hit_mask, const i64* summary, i64* totals,            \
         const i64* stage_locs, i64 n_stage_locs, i64* copy_batch, i64* copy_rows,             \
         i64* copy_dst, i64* staged_rows, const i64* host_ptrs, const i64* payload_ptrs,       \
         int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch, int copy_blocks,     \
         int sums_here, int parts, int parity, int call) {                                                      \
-        commit_body<W>(table, sel, locs, miss_dst, misses, victims, hit_mask, summary, totals, stage_locs,   \
-                       n_stage_locs, copy_batch, copy_rows, copy_dst, staged_rows, host_ptrs, payload_ptrs,   \
-                       n_layers, batch, K, k, B, row_bytes, epoch, copy_blocks, sums_here, parts, parity,     \
-                       call);                                                                                 \
+        commit_body<W, TMA>(table, sel, locs, miss_dst, misses, victims, hit_mask, summary, totals,          \
+                            stage_locs, n_stage_locs, copy_batch, copy_rows, copy_dst, staged_rows, host_ptrs, \
+                            payload_ptrs, n_layers, batch, K, k, B, row_bytes, epoch, copy_blocks, sums_here, \
+                            parts, parity, call);                                                              \
     }
-COMMIT(16)
-COMMIT(8)
-COMMIT(4)
+COMMIT(resolve_commit_16, 16, false)
+COMMIT(resolve_commit_8, 8, false)
+COMMIT(resolve_commit_4, 4, false)
+COMMIT(resolve_commit_16_tma, 16, true)
 
 // apply_copies for one payload layer from a plan's copy list (sorted by (batch, row)):
 // payload[copy_dst[c]] = host(batch c)[copy_rows[c]]; n read from *count (device) so the

@@ -142,6 +142,37 @@ def default_copy_early() -> bool:
     return _switch("DHISPARSE_COPY_EARLY", "1")
 
 
+TMA_ROWS = 16  # resolver_tma.cuh TMA_WARPS * TMA_DEPTH: a copy block's shared row buffers
+TMA_SHARED_MAX = 48 * 1024  # their bytes at most (no opt-in above the default limit)
+COPY_TMA = ("auto", "0", "1")
+
+
+def copy_tma(tma: bool | None, row_bytes: int, width: int, capability: tuple[int, int]) -> bool:
+    """Whether ``commit`` copies the misses by the tensor memory accelerator
+    (resolver_tma.cuh: one cp.async.bulk per row, host -> shared -> device) instead of
+    16-byte loads: ``tma``, else ``DHISPARSE_COPY_TMA`` = auto | 0 | 1 (default auto).
+
+    It needs compute capability 9.0+, 16-byte rows (width 16) and TMA_ROWS rows of shared
+    memory within TMA_SHARED_MAX (rows up to 3072 B); auto takes it where the rows are also
+    whole 128-byte lines. Isolated rows, address-sorted, read by a plain gather (H200,
+    a0f94ab, ``bench.bench_host_gather --variants``, % of the pinned memcpy): 1152 B rows,
+    410 from each of 32 / 160 requests, 90-91% / 92% by TMA against 86-88% / 84% by 16-byte
+    loads (best grids); 656 B rows (not whole lines) 44-48% by TMA against 55-63%, so auto
+    leaves them to the loads. Same results either way. Asking for it where it cannot run is
+    refused."""
+    value = os.environ.get("DHISPARSE_COPY_TMA", "auto") if tma is None else str(int(tma))
+    name = "DHISPARSE_COPY_TMA" if tma is None else "tma"
+    if value not in COPY_TMA:
+        raise InvalidArgument(f"{name}={value!r} must be one of {COPY_TMA}")
+    can = capability >= (9, 0) and width == 16 and row_bytes * TMA_ROWS <= TMA_SHARED_MAX
+    if value == "1" and not can:
+        raise InvalidArgument(
+            f"{name}=1 needs compute capability >= 9.0 (got {capability[0]}.{capability[1]}), "
+            f"rows of 16-byte vectors (got width {width}) and row_bytes <= "
+            f"{TMA_SHARED_MAX // TMA_ROWS} (got {row_bytes})")
+    return can and value != "0" and (value == "1" or row_bytes % 128 == 0)
+
+
 def default_commit_parts() -> int:
     """Commit blocks per request (``commit``'s ``parts``): ``DHISPARSE_COMMIT_PARTS`` = an
     integer in [1, MAX_COMMIT_PARTS], or auto (0: ``commit_parts_rule``)."""

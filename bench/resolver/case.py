@@ -41,6 +41,7 @@ class Case:
         self.copy_blocks: int | None = None  # blocks of the miss copies (None = default)
         self.select: str | None = None  # victim ordering (None = DHISPARSE_VICTIM_SELECT)
         self.early: bool | None = None  # copy blocks' preload (None = DHISPARSE_COPY_EARLY)
+        self.tma: bool | None = None  # copies by the TMA (None = DHISPARSE_COPY_TMA)
 
     def sel(self, i: int) -> torch.Tensor:
         if i not in self.sels:
@@ -89,6 +90,7 @@ class Case:
             row_bytes=self.item,
             copy_blocks=self.copy_blocks,
             early=self.early,
+            tma=self.tma,
             dependent=True,  # right behind the lookup: PDL unless DHISPARSE_PDL=0
         )
 

@@ -204,10 +204,13 @@ def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None
     flush = Flusher(pool.device)
     reps, warm = max(5, args["reps"] // 2), 2
     every = sm_count(pool.device.index or 0) * 2
-    # (copy blocks (0 = the kernel's rule), victim select, PDL, preload): the defaults first
-    # (a fixed count never preloads: the preload is the copy rule's sparse case)
-    settings = [(0, "radix", "1", True), (0, "radix", "1", False), (0, "radix", "0", True),
-                (every, "radix", "1", False), (16, "radix", "1", False)]
+    # (copy blocks (0 = the kernel's rule), victim select, PDL, preload, copies by the TMA
+    # (None = DHISPARSE_COPY_TMA)): the defaults first (a fixed count never preloads: the
+    # preload is the copy rule's sparse case)
+    settings = [(0, "radix", "1", True, None), (0, "radix", "1", False, None),
+                (0, "radix", "0", True, None), (every, "radix", "1", False, None),
+                (16, "radix", "1", False, None), (0, "radix", "1", True, False),
+                (0, "radix", "1", True, True)]
     pdl_before = os.environ.get("DHISPARSE_PDL")
     out, windows = [], Windows()
     for bs, prof in COPY_SWEEP:
@@ -217,20 +220,21 @@ def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None
         m = missed_rows(prof, k)
         case = Case(st, host, pool, item, bs, 1, k, m, cold)
         have = st.windows(k, m, cold)
-        for blocks, select, pdl, early in settings:
+        for blocks, select, pdl, early, tma in settings:
             off = windows.take((bs, prof), reps + warm + 1, have)
-            case.copy_blocks, case.select, case.early = blocks, select, early
+            case.copy_blocks, case.select, case.early, case.tma = blocks, select, early, tma
             os.environ["DHISPARSE_PDL"] = pdl
             ok = case.check(off)["ok"]
             us = statistics.median(time_gpu(
                 lambda i, o=off, c=case: c.call(i + o + 1), reps, warm,
                 before=lambda i, o=off, c=case: c.before(i + o + 1), flush=flush))
             r = {"batch": bs, "profile": prof, "select": select, "pdl": pdl == "1",
-                 "early": early, "copy_blocks": blocks or "rule", "ok": ok, "us": us,
+                 "early": early, "tma": tma, "copy_blocks": blocks or "rule", "ok": ok, "us": us,
                  "GBps": m * bs * item / us / 1e3 if m else None}
             out.append(r)
             print(f"{item:5d} copy_blocks={r['copy_blocks']!s:4s} {select:5s} pdl={pdl} "
-                  f"early={int(early)} bs={bs:3d} {prof:6s} us={us:8.1f} "
+                  f"early={int(early)} tma={'auto' if tma is None else int(tma)} "
+                  f"bs={bs:3d} {prof:6s} us={us:8.1f} "
                   f"GB/s={(r['GBps'] or 0):5.1f} ok={ok}", flush=True)
         del case
     if pdl_before is None:

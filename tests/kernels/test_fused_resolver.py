@@ -329,6 +329,39 @@ def test_commit_copies_layers_like_apply_copies(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in CASES if c[5] % 16 == 0],
+                         ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
+@pytest.mark.parametrize("tma", ["0", "1"])
+@pytest.mark.parametrize("copy_blocks", ["auto", "1", "300"])
+def test_commit_copies_by_tma_or_by_loads_alike(case: tuple, tma: str, copy_blocks: str,
+                                               monkeypatch) -> None:
+    """The commit's miss copies of two layers by the tensor memory accelerator (one bulk copy
+    per row through shared memory) or by 16-byte loads: the reference's payload bytes and
+    state either way, staging overflows included; the launches took the kernel asked for."""
+    from kernels import resolver as kres
+
+    monkeypatch.setenv("DHISPARSE_COPY_TMA", tma)
+    monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", copy_blocks)
+    names: list[str] = []
+    real = kres.kernel
+    monkeypatch.setattr(kres, "kernel", lambda mod, fn, *a: names.append(fn) or real(mod, fn, *a))
+    batch, k_queries, k, hot, staging, row_bytes = case
+    seed = random.randrange(1 << 30)
+    h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    gen = torch.Generator().manual_seed(seed)
+    copied = 0
+    for rnd, hit_frac in enumerate([0.0, 0.8, 0.5, 0.0]):
+        sel = selections(h_ref, rids, k_queries, k, hit_frac, gen)
+        if rnd == 0:  # at least one copy whatever the seed (make_pair: row 0 is host-only)
+            sel[0, 0, 0] = 0
+        plan = check_round(h_ref, h_k, rids, sel, (1, 0))
+        copied += 0 if plan is None else plan.copy_rows.numel()
+    assert copied > 0, seed
+    commits = {n for n in names if n.startswith("resolve_commit")}
+    assert commits == {"resolve_commit_16_tma" if tma == "1" else "resolve_commit_16"}, names
+
+
+@pytest.mark.gpu
 def test_identical_queries_copy_each_row_once() -> None:
     h_ref, h_k, rids = make_pair(7, 4, 8, 64, 1024, 656)
     gen = torch.Generator().manual_seed(7)

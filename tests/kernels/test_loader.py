@@ -18,16 +18,19 @@ def test_the_resolver_parts_join_into_one_source_with_every_kernel_the_wrappers_
         assert re.search(rf"__global__ void (__launch_bounds__\([^)]*\) )?{name}\(", text)
         assert f'"{name}' in wrappers
     for width in (16, 8, 4):  # resolve_commit_<w>, plan_copy_<w>, promote_staged_<w>
-        assert f"COMMIT({width})" in text and f"PLAN_COPY({width})" in text
-        assert f"PROMOTE({width})" in text
+        assert f"COMMIT(resolve_commit_{width}, {width}, false)" in text
+        assert f"PLAN_COPY({width})" in text and f"PROMOTE({width})" in text
+    assert "COMMIT(resolve_commit_16_tma, 16, true)" in text  # f"resolve_commit_{w}_tma"
+    assert "resolve_commit_{w}{'_tma' if tma else ''}" in wrappers
     assert '"promote_staged_' in wrappers
     # one translation unit: the header once, no include of a sibling part left
     assert text.count("#define DHISPARSE_RESOLVER_COMMON_CUH") == 1
     assert text.count("#define DHISPARSE_RESOLVER_SORT_CUH") == 1
+    assert text.count("#define DHISPARSE_RESOLVER_COPY_CUH") == 1
     assert not re.search(r'#\s*include\s+"resolver_', text)
     # in order: the header's definitions precede their users
-    marks = ("enum { T_HOT_ROWS", "void sort_registers", "lookup_body", "commit_body",
-             "promote_body")
+    marks = ("enum { T_HOT_ROWS", "void sort_registers", "void bulk_load", "void copy_misses",
+             "lookup_body", "commit_body", "promote_body")
     assert [text.index(m) for m in marks] == sorted(text.index(m) for m in marks)
     for part in SOURCES["resolver"]:
         assert (HERE / part).exists(), part

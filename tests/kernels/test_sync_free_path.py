@@ -141,6 +141,44 @@ def test_a_commit_finding_no_counts_of_its_call_copies_without_the_preload() -> 
         assert (got["preloads"] > 0) == (shift == 0), (seed, frac, got["preloads"])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [(17, 3, 40, 64, 2048, 1152), (9, 8, 64, 4, 300, 656)],
+                         ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
+def test_sync_free_copies_by_tma_with_and_without_the_preload(case, monkeypatch) -> None:
+    """The sync-free commit copying by the tensor memory accelerator, its rows' first bulk
+    copies issued before the lookup ended (preload) or after: what plain launches copying by
+    loads give. The second case's union exceeds its hot slots and staging, so some rounds
+    are refused after the preload sent rows to shared memory (they land before the block
+    leaves)."""
+    from kernels import resolver as kres
+
+    batch, k_queries, k, hot, staging, row_bytes = case
+    seed = random.randrange(1 << 30)
+    plain, sync_free, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    _, no_preload, _ = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    gen = torch.Generator().manual_seed(seed)
+    refused = preloaded = 0
+    for frac in (0.0, 0.5, 0.0, 0.8, 0.0):
+        sel = selections(plain, rids, k_queries, k, frac, gen)
+        sel[0, 0, 0] = 0  # a copy every round (make_pair: request 0's row 0 is host-only)
+        monkeypatch.setenv("DHISPARSE_COPY_TMA", "0")
+        want = sync_free_round(plain, None, rids, sel, True)
+        monkeypatch.setenv("DHISPARSE_COPY_TMA", "1")
+        outs = []
+        for h, early in ((sync_free, "1"), (no_preload, "0")):
+            monkeypatch.setenv("DHISPARSE_COPY_EARLY", early)
+            outs.append(sync_free_round(h, None, rids, sel, False))
+            assert_rounds_agree(want, outs[-1], seed, frac, early)
+            assert_same(snapshot(plain), snapshot(h))
+            h.check()
+        assert outs[1]["preloads"] == 0, (seed, frac)
+        preloaded += outs[0]["preloads"] > 0
+        refused += int(want["totals"][kres.R_STATUS]) != 0
+    assert preloaded > 0, seed  # the preload issued bulk copies
+    if staging < 1000:  # the overflow case: refusals after a preload
+        assert refused > 0, seed
+
+
 # batch, K, k, hot slots, staging rows, row bytes: a warp-summed batch (<= 32) and one above
 # the SM count (summed by the whole block); round 0 of each misses without staging
 PENDING_CASES = [(5, 2, 24, 64, 512, 16), (160, 1, 16, 16, 4096, 12)]

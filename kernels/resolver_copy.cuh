@@ -1,0 +1,306 @@
+#ifndef DHISPARSE_RESOLVER_COPY_CUH
+#define DHISPARSE_RESOLVER_COPY_CUH
+// The commit's miss copies (resolver_commit.cu): the flattened copy items, the copy blocks'
+// share of them (copy_share), the copy loop of 16-, 8- or 4-byte loads (copy_misses), the
+// same by the tensor memory accelerator (copy_rows_tma), and the preload of the sync-free
+// path.
+#include "resolver_common.cuh"
+#include "resolver_tma.cuh"
+
+// Copy item -> (request, miss index) by binary search over copy offsets in shared memory.
+__device__ __forceinline__ int find_request(const i64* off, int batch, i64 c) {
+    int lo = 0, hi = batch;  // off[lo] <= c < off[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (off[mid] <= c) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+// Copy item `it` of the flattened (layer, request, miss, vector) list: its layer, request b,
+// miss index i and vector.
+template <typename I>
+__device__ __forceinline__ void item_of(I it, I per_layer, I vpr, int n_layers, int batch, const i64* s_off,
+                                        int& layer, int& b, i64& i, unsigned& vec) {
+    layer = n_layers == 1 ? 0 : (int)(it / per_layer);
+    const I li = it - (I)layer * per_layer;
+    const I c = li / vpr;
+    vec = (unsigned)(li - c * vpr);
+    b = find_request(s_off, batch, c);
+    i = c - s_off[b];
+}
+
+// Its host source. misses through L2: the preload reads them while the lookup grid that
+// wrote them still runs.
+template <int W>
+__device__ __forceinline__ const char* item_src(int layer, int b, i64 i, unsigned vec, int batch, int Kk,
+                                                unsigned row_bytes, const i64* misses, const i64* host_ptrs) {
+    const i64 r = __ldcg(misses + (i64)b * Kk + i);
+    return reinterpret_cast<const char*>(host_ptrs[(i64)layer * batch + b]) + r * row_bytes + (i64)vec * W;
+}
+
+// Its destination row in the payload of `layer`: the victim slot's pool row, or the request's
+// next staging row.
+__device__ __forceinline__ char* item_dst_row(int layer, int b, i64 i, int B, unsigned row_bytes,
+                                              const i64* table, const i32* victims, const i64* summary,
+                                              const i64* stage_locs, const i64* payload_ptrs, const i64* s_soff) {
+    const i64 nv = summary[(i64)b * SCOLS + S_NV];
+    const i64 dst = i < nv ? reinterpret_cast<const i64*>(table[(i64)b * TCOLS + T_HOT_LOCS])[victims[(i64)b * B + i]]
+                           : stage_locs[s_soff[b] + i - nv];
+    return reinterpret_cast<char*>(payload_ptrs[layer]) + dst * row_bytes;
+}
+
+// Item index math in I: unsigned (32-bit divisions) when every item index fits, else i64.
+// With have_pre, the first round's loads were issued before the lookup grid ended (preload)
+// and their values are in pre.
+template <int W, typename I>
+__device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict__ misses,
+                            const i32* __restrict__ victims, const i64* __restrict__ summary,
+                            const i64* __restrict__ stage_locs, const i64* __restrict__ host_ptrs,
+                            const i64* __restrict__ payload_ptrs, int n_layers, int batch, int Kk, int B,
+                            unsigned row_bytes, const i64* s_off, const i64* s_soff, i64 n_copies,
+                            int cblock, int ncblocks, const typename Vec<W>::T (&pre)[U], bool have_pre) {
+    using V = typename Vec<W>::T;
+    const I vpr = (I)(row_bytes / W);
+    const I per_layer = (I)n_copies * vpr, total = per_layer * (I)n_layers;
+    const I stride = (I)ncblocks * blockDim.x;
+
+    bool first = have_pre;
+    for (I base = (I)cblock * blockDim.x + threadIdx.x; base < total; base += stride * U) {
+        V v[U];
+        char* d[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const I it = base + u * stride;
+            if (it < total) {
+                int layer, b;
+                i64 i;
+                unsigned vec;
+                item_of<I>(it, per_layer, vpr, n_layers, batch, s_off, layer, b, i, vec);
+                // the source even in the preloaded round: a load under `first` cost 1152 B
+                // rows 13-24% at 20% misses, batch 32 / 160 (H200, 9d1c1f2 against de0606e
+                // in one call: 383.5-398.3 / 2084.7-2122.3 us against 338.5-346.7 /
+                // 1693.9-1742.6; 656 B rows unchanged)
+                const char* src = item_src<W>(layer, b, i, vec, batch, Kk, row_bytes, misses, host_ptrs);
+                const i64 nv = summary[(i64)b * SCOLS + S_NV];
+                const i64 dst = i < nv ? reinterpret_cast<const i64*>(table[(i64)b * TCOLS + T_HOT_LOCS])
+                                                 [victims[(i64)b * B + i]]
+                                           : stage_locs[s_soff[b] + i - nv];
+                v[u] = first ? pre[u] : *reinterpret_cast<const V*>(src);
+                d[u] = reinterpret_cast<char*>(payload_ptrs[layer]) + dst * row_bytes + (i64)vec * W;
+            }
+        }
+        first = false;
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (base + u * stride < total) *reinterpret_cast<V*>(d[u]) = v[u];
+    }
+}
+
+// Miss copies by the tensor memory accelerator (resolver_tma.cuh; rows of whole 128-byte
+// lines, W = 16): row j of the flattened (layer, request, miss) list -- ascending host
+// address within a request -- goes to TMA warp j % G of the working copy blocks (G = ncblocks
+// * TMA_WARPS; warp g = cblock * TMA_WARPS + the warp), whose lane 0 keeps TMA_DEPTH rows in
+// flight in its shared buffers (bufs: TMA_ROWS rows, bars: TMA_ROWS mbarriers). Rows travel
+// host -> shared -> device whole; a warp's j-th row (k = its turn) waits on barrier k %
+// TMA_DEPTH, phase k / TMA_DEPTH. With preloaded, the preload initialized the barriers and
+// issued each warp's first TMA_DEPTH rows.
+struct TmaCopy {
+    const i64* misses;
+    const i64* host_ptrs;
+    int n_layers, batch, Kk;
+    unsigned row_bytes;
+    const i64* s_off;
+    i64 n_copies, G, g;
+    unsigned char* buf;
+    unsigned long long* bar;
+
+    __device__ i64 mine() const {
+        const i64 rows = n_copies * n_layers;
+        return g < rows ? (rows - g + G - 1) / G : 0;
+    }
+    __device__ void row(i64 k, int& layer, int& b, i64& i) const {
+        unsigned vec;
+        item_of<i64>(g + k * G, n_copies, 1, n_layers, batch, s_off, layer, b, i, vec);
+    }
+    __device__ void issue(i64 k) const {
+        int layer, b;
+        i64 i;
+        row(k, layer, b, i);
+        const int s = (int)(k % TMA_DEPTH);
+        bulk_load(buf + (size_t)s * row_bytes, item_src<16>(layer, b, i, 0, batch, Kk, row_bytes, misses, host_ptrs),
+                  row_bytes, bar + s);
+    }
+    // barriers, then the first TMA_DEPTH rows; returns how many went out
+    __device__ int start() const {
+        for (int s = 0; s < TMA_DEPTH; ++s) mbar_init(bar + s);
+        mbar_init_fence();
+        const int n = (int)min(mine(), (i64)TMA_DEPTH);
+        for (int k = 0; k < n; ++k) issue(k);
+        return n;
+    }
+};
+
+__device__ __forceinline__ TmaCopy tma_copy(const i64* misses, const i64* host_ptrs, int n_layers, int batch, int Kk,
+                                            unsigned row_bytes, const i64* s_off, i64 n_copies, int cblock,
+                                            int ncblocks, unsigned char* bufs, unsigned long long* bars) {
+    const int warp = threadIdx.x >> 5;
+    return TmaCopy{misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, n_copies,
+                   (i64)ncblocks * TMA_WARPS, (i64)cblock * TMA_WARPS + warp,
+                   bufs + (size_t)warp * TMA_DEPTH * row_bytes, bars + warp * TMA_DEPTH};
+}
+
+__device__ void copy_rows_tma(const TmaCopy& t, bool preloaded, int B, const i64* __restrict__ table,
+                              const i32* __restrict__ victims, const i64* __restrict__ summary,
+                              const i64* __restrict__ stage_locs, const i64* __restrict__ payload_ptrs,
+                              const i64* s_soff) {
+    if ((threadIdx.x >> 5) >= TMA_WARPS || (threadIdx.x & 31)) return;
+    if (!preloaded) t.start();
+    const i64 mine = t.mine();
+    for (i64 k = 0; k < mine; ++k) {
+        int layer, b;
+        i64 i;
+        t.row(k, layer, b, i);
+        char* to = item_dst_row(layer, b, i, B, t.row_bytes, table, victims, summary, stage_locs, payload_ptrs, s_soff);
+        const int s = (int)(k % TMA_DEPTH);
+        mbar_wait(t.bar + s, (unsigned)(k / TMA_DEPTH) & 1u);
+        bulk_store(to, t.buf + (size_t)s * t.row_bytes, t.row_bytes);
+        if (k + TMA_DEPTH < mine) {
+            bulk_stores_read();  // stage s is read out before the next row lands in it
+            t.issue(k + TMA_DEPTH);
+        }
+    }
+    bulk_stores_done();
+}
+
+// A refused call after the preload: the rows in flight land before the block leaves.
+__device__ __forceinline__ void tma_drain(unsigned long long* bars, int issued) {
+    for (int s = 0; s < issued; ++s) mbar_wait(bars + (threadIdx.x >> 5) * TMA_DEPTH + s, 0u);
+}
+
+#define COPY_BLOCKS_MIN 16
+#define HM_SLOTS 8  // hit-mask slots per commit thread loaded with the summary
+#define COPY_ITEMS_PER_BLOCK 512  // W-byte items of the mean request per copy block at work
+#define COPY_SPARSE_ROWS 1024  // a batch missing at most this many rows per request: COPY_BLOCKS_MIN
+#define PRELOAD_WAIT_NS 2000000  // a preload gives up after this long without every count
+
+// Copy blocks at work (*active) and the spacing of the working ones among the ncb launched
+// (*step), for n_copies misses (vpr W-byte vectors a row).
+// At work: copy_blocks, or (0) COPY_BLOCKS_MIN while the mean request
+// misses at most COPY_SPARSE_ROWS rows, else about one per COPY_ITEMS_PER_BLOCK W-byte
+// items of the mean request's misses in one layer, at least COPY_BLOCKS_MIN (layers
+// are copied one after the other, so the requests in flight at once depend on the
+// rows per request, not on the layer count). Few misses per request spread over many
+// requests read fastest with few rows in flight, while dense requests want every
+// block (H200, top_k 2048, 100K-row requests, whole calls by copy blocks, 16 / the
+// rule before the sparse case / 264: 410 rows per request, batch 160: 1526 / 1613 /
+// 1813 us for 656 B rows, 1632 / 1941 / 2058 for 1152 B; batch 32: 274 / 283 / 287 and
+// 332 / 353 / 353; 2048 rows per request, batch 160: 5317 / 4899 / 4788 and 9077 /
+// 7609 / 7593; bench/results/copy_blocks_h200_186a8d1.json). The mean decides: a dense
+// request batched with light ones also gets COPY_BLOCKS_MIN (not measured).
+// The working blocks are spread over the launched ones (every step-th): consecutive
+// blocks share SMs, and a commit launched with PDL is placed in index order onto
+// whatever the lookup left free; the sparse rule takes the first ones, as a launch of
+// exactly that many would (H200, c4dec7e, 20% misses, batch 32 / 160: 273 / 1481 us
+// for 656 B rows, 333 / 1667 for 1152 B, against 286 / 1531 and 334 / 1769 with every
+// 16th at work, runs 32 and 31)
+__device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blocks, int ncb, unsigned vpr,
+                                           int* active, int* step) {
+    int a = copy_blocks;
+    const bool sparse = a <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch;
+    if (sparse) {
+        a = COPY_BLOCKS_MIN;
+    } else if (a <= 0) {
+        const i64 per_request = (n_copies * vpr + batch - 1) / batch;
+        a = (int)min((i64)ncb, max((i64)COPY_BLOCKS_MIN, (per_request + COPY_ITEMS_PER_BLOCK - 1) /
+                                                             COPY_ITEMS_PER_BLOCK));
+    }
+    *active = min(a, ncb);
+    *step = sparse ? 1 : ncb / *active;
+}
+
+// A copy block of the sync-free path before the lookup grid has ended: waits for every
+// request's miss count (S_EARLY of this call, published once the request's misses are
+// listed), makes the copy offsets (s_off) and, if the block is one at work, issues the
+// loads of its first round of items into pre -- the host reads start while the lookup
+// blocks still choose victims. Returns whether pre holds them. No store: the destinations
+// (victims, staging) and the call's status come after griddepcontrol.wait, and a refused
+// call drops the loaded values. Gives up (false) after PRELOAD_WAIT_NS.
+// Only the sparse case of the rule preloads (its COPY_BLOCKS_MIN first copy blocks): with
+// dense misses every working block's first round is the whole copy or near it, and reading
+// it while the lookup ran cost time (H200, db6c063, cold batch 1, 656 / 1152 B: 53.8 /
+// 71.4 us against 51.3 / 69.3 without; 20% misses, batch 1: 35.3 / 36.7 against 40.3 /
+// 44.4, batch 32: 277.2 / 337.2 against 284.1 / 340.5). The other blocks do not poll, so
+// neither does the last one (the batch's totals, on every call's path) where more than
+// COPY_BLOCKS_MIN copy blocks are launched (launched_copy_blocks: at least one per SM).
+template <int W>
+__device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ summary,
+                        const i64* __restrict__ misses, const i64* __restrict__ host_ptrs, int n_layers,
+                        int batch, int Kk, unsigned row_bytes, int copy_blocks, int ncb, int cb, int call,
+                        i64* preloads, i64* s_off, unsigned* s_tmp, int* s_flag, bool tma,
+                        unsigned char* bufs, unsigned long long* bars, int* tma_issued) {
+    using V = typename Vec<W>::T;
+    if (copy_blocks > 0 || cb >= COPY_BLOCKS_MIN) return false;  // block-uniform
+    unsigned long long t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    if (threadIdx.x == 0) *s_flag = 1;
+    __syncthreads();
+    unsigned mv[2] = {0u, 0u};
+    bool ok = true;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {  // requests 2 t, 2 t + 1 (blockDim.x >= MAXB / 2)
+        const int q = 2 * threadIdx.x + j;
+        if (q >= batch) continue;
+        const i64* at = summary + (i64)q * SCOLS + S_EARLY;
+        i64 v = ld_acquire(at);
+        while ((v >> 32) != (i64)call && ok) {
+            __nanosleep(100);
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            ok = t - t0 < PRELOAD_WAIT_NS;
+            v = ld_acquire(at);
+        }
+        mv[j] = (unsigned)(v & 0xFFFFFFFFll);
+    }
+    if (!ok) *s_flag = 0;
+    unsigned total;
+    unsigned o = block_scan(mv[0] + mv[1], s_tmp, &total);  // syncs (s_flag is final)
+    if (!*s_flag) return false;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int q = 2 * threadIdx.x + j;
+        if (q < batch) s_off[q] = o, o += mv[j];
+    }
+    if (total == 0 || total > (unsigned)COPY_SPARSE_ROWS * batch) return false;  // block-uniform
+    if (threadIdx.x == 0) s_off[batch] = total;
+    __syncthreads();
+    const unsigned vpr = row_bytes / W;
+    int active, step;
+    copy_share(total, batch, copy_blocks, ncb, vpr, &active, &step);
+    if (cb % step != 0 || cb / step >= active) return false;
+    if (tma) {  // each TMA warp's first rows into its shared buffers
+        const TmaCopy t = tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step,
+                                   active, bufs, bars);
+        if ((threadIdx.x >> 5) < TMA_WARPS && !(threadIdx.x & 31)) *tma_issued = t.start();
+        if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);
+        return true;
+    }
+    const i64 per_layer = (i64)total * vpr, items = per_layer * n_layers, stride = (i64)active * blockDim.x;
+    const i64 base = (i64)(cb / step) * blockDim.x + threadIdx.x;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const i64 it = base + u * stride;
+        if (it < items) {
+            int layer, b;
+            i64 i;
+            unsigned vec;
+            item_of<i64>(it, per_layer, (i64)vpr, n_layers, batch, s_off, layer, b, i, vec);
+            pre[u] = *reinterpret_cast<const V*>(item_src<W>(layer, b, i, vec, batch, Kk, row_bytes, misses,
+                                                             host_ptrs));
+        }
+    }
+    if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);
+    return true;
+}
+
+#endif
