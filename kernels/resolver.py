@@ -331,8 +331,9 @@ def commit(
     blocks that did); None = ``default_copy_early()``. The call's tag is a kernel argument:
     a CUDA graph replaying the two launches would reuse it, so this path is not for graph
     capture with early on.
-    tma: copy the misses by the tensor memory accelerator (``copy_tma``; None = its
-    setting, ``DHISPARSE_COPY_TMA``)."""
+    tma: copy the misses by the tensor memory accelerator (True: always, False: never; None
+    = ``DHISPARSE_COPY_TMA``, whose auto takes it from 8192 rows on for rows of whole
+    128-byte lines; ``copy_tma``)."""
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots)
     check("stage_locs", stage_locs, torch.int64, 1, "cuda")
     for name, t in (("out.batch", out.batch), ("out.rows", out.rows), ("out.dst", out.dst)):
@@ -354,7 +355,9 @@ def commit(
             )
     w = vec_width(row_bytes)
     dev = selections.device.index
-    tma = bool(layers) and copy_tma(tma, row_bytes, w, torch.cuda.get_device_capability(dev))
+    # copies by TMA from this many rows on (-1: never)
+    tma_from = copy_tma(tma, row_bytes, w, torch.cuda.get_device_capability(dev)) if layers else -1
+    tma = tma_from >= 0
     fn = kernel("resolver", f"resolve_commit_{w}{'_tma' if tma else ''}", dev, False, defines())
     null = np.uint64(0)
     args = (
@@ -389,7 +392,8 @@ def commit(
     if ws.commit_sums and early is None:  # the setting matters (and is read) there only
         early = default_copy_early()
     args += (np.int32(copy_blocks), np.int32(ws.commit_sums), np.int32(parts),
-             np.int32(ws.parity), np.int32(ws.call if early and ws.commit_sums else 0))
+             np.int32(ws.parity), np.int32(ws.call if early and ws.commit_sums else 0),
+             np.int32(max(tma_from, 0)))
     copies = copy_blocks or launched_copy_blocks(batch * parts, sm_count(dev))
     grid = batch * parts + (copies if layers else 0)
     shared = TMA_ROWS * row_bytes if tma else 0  # the TMA rows' buffers

@@ -18,7 +18,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                             i64* __restrict__ copy_dst, i64* __restrict__ staged_rows,
                             const i64* __restrict__ host_ptrs, const i64* __restrict__ payload_ptrs,
                             int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch,
-                            int copy_blocks, int sums_here, int parts, int parity, int call) {
+                            int copy_blocks, int sums_here, int parts, int parity, int call,
+                            int tma_min_rows) {
     __shared__ i64 s_off[MAXB + 1], s_soff[MAXB + 1];
     __shared__ __align__(8) unsigned long long s_bar[TMA ? TMA_ROWS : 1];
     extern __shared__ __align__(128) unsigned char s_rows[];  // TMA: TMA_ROWS rows
@@ -35,7 +36,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     if (call && sums_here && n_layers > 0 && (int)blockIdx.x >= n_commit)
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
                               (int)gridDim.x - n_commit, (int)blockIdx.x - n_commit, call, totals + R_PRELOADS,
-                              s_off, s_tmp, &s_pre, tma, s_rows, s_bar, &tma_issued);
+                              s_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900
@@ -122,7 +123,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         }
         // 32-bit item indices when the last one (plus a stride of U rounds) stays below 2^32
         const i64 items = n_copies * (row_bytes / W) * n_layers + (i64)active * blockDim.x * U;
-        if (tma)
+        if (tma && n_copies * n_layers >= tma_min_rows)  // else by loads (resolver_copy.cuh)
             copy_rows_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, n_copies, cb / step,
                                    active, s_rows, s_bar),
                           have_pre, B, table, victims, summary, stage_locs, payload_ptrs, s_soff);
@@ -223,8 +224,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
 }
 
 // resolve_commit_<W>: W-byte vector copies; resolve_commit_16_tma: the same kernel with the
-// miss copies by the tensor memory accelerator (its own registers: the copy loop of the
-// others stays as it was)
+// miss copies by the tensor memory accelerator from tma_min_rows rows on (its own registers:
+// the copy loop of the others stays as it was; they ignore tma_min_rows)
 #define COMMIT(NAME, W, TMA)                                                                                  \
     extern "C" __global__ void __launch_bounds__(512, 2) NAME(                                                 \
         const i64* table, const i64* sel, i64* locs, i64* miss_dst, const i64* misses,    \
@@ -232,11 +233,11 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         const i64* stage_locs, i64 n_stage_locs, i64* copy_batch, i64* copy_rows,             \
         i64* copy_dst, i64* staged_rows, const i64* host_ptrs, const i64* payload_ptrs,       \
         int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch, int copy_blocks,     \
-        int sums_here, int parts, int parity, int call) {                                                      \
+        int sums_here, int parts, int parity, int call, int tma_min_rows) {                                    \
         commit_body<W, TMA>(table, sel, locs, miss_dst, misses, victims, hit_mask, summary, totals,          \
                             stage_locs, n_stage_locs, copy_batch, copy_rows, copy_dst, staged_rows, host_ptrs, \
                             payload_ptrs, n_layers, batch, K, k, B, row_bytes, epoch, copy_blocks, sums_here, \
-                            parts, parity, call);                                                              \
+                            parts, parity, call, tma_min_rows);                                                \
     }
 COMMIT(resolve_commit_16, 16, false)
 COMMIT(resolve_commit_8, 8, false)

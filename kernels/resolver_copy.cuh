@@ -100,14 +100,20 @@ __device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict
 // Miss copies by the tensor memory accelerator (resolver_tma.cuh; W = 16): row j of the
 // flattened (layer, request, miss) list -- ascending host address within a request -- goes
 // to TMA warp j % G of the working copy blocks (G = ncblocks * TMA_WARPS; warp g = cblock *
-// TMA_WARPS + the warp), whose lane 0 keeps TMA_DEPTH rows in flight in its shared buffers
+// TMA_WARPS + the warp), whose lane 0 keeps rows in flight in its TMA_STAGES shared buffers
 // (bufs: TMA_ROWS rows, bars: TMA_ROWS mbarriers): host -> shared -> device, whole rows. A
-// warp's k-th row waits on barrier k % TMA_DEPTH, phase k / TMA_DEPTH. The rows' addresses
+// warp's k-th row takes buffer and barrier k % TMA_STAGES (phase k / TMA_STAGES). The first
+// TMA_STAGES rows go out at once (start); from then on the row TMA_DEPTH ahead of each one
+// stored, so the rows in flight settle at TMA_DEPTH a warp (the preload, while the lookup
+// still chooses victims, sends as much as the buffers hold). The rows' addresses
 // (a chain of dependent loads each: misses, victims, hot_locs) are worked out 32 at a time,
 // one per lane, and handed to lane 0 by shuffles: worked out by lane 0 alone, row after row,
 // they held 1152 B rows at 20% misses, batch 160, to 39.5 GB/s against 47.5 by 16-byte loads
 // (H200, 1938868). Every lane of the warp calls start() and copy_rows_tma. With preloaded,
-// the preload initialized the barriers and issued each warp's first TMA_DEPTH rows.
+// the preload initialized the barriers and issued each warp's first TMA_STAGES rows.
+// Calls with fewer than tma_min_rows rows (over every layer; a kernel argument, see
+// kernels/resolver_settings.py copy_tma) copy by loads (copy_misses): with ~410 rows the TMA
+// warps' few rows each cost a 1152 B row call at batch 1 37 us against 34 (H200, cf41c5a).
 struct TmaCopy {
     const i64* misses;
     const i64* host_ptrs;
@@ -136,24 +142,26 @@ struct TmaCopy {
                                                                  host_ptrs));
     }
     __device__ void load(i64 k, unsigned long long from) const {
-        const int s = (int)(k % TMA_DEPTH);
+        const int s = (int)(k % TMA_STAGES);
         bulk_load(buf + (size_t)s * row_bytes, reinterpret_cast<const void*>(from), row_bytes, bar + s);
     }
-    // barriers, then the first TMA_DEPTH rows (lane 0); returns how many went out
+    // rows start() sends: as many as the buffers hold
+    __device__ i64 first() const { return min(mine(), (i64)TMA_STAGES); }
+    // barriers, then the first rows (lane 0); returns how many went out
     __device__ int start() const {
         const int lane = threadIdx.x & 31;
-        const i64 n = mine();
-        const unsigned long long from = src(lane, min(n, (i64)TMA_DEPTH));
+        const i64 n = first();
+        const unsigned long long from = src(lane, n);
         if (lane == 0) {
-            for (int s = 0; s < TMA_DEPTH; ++s) mbar_init(bar + s);
+            for (int s = 0; s < TMA_STAGES; ++s) mbar_init(bar + s);
             mbar_init_fence();
         }
 #pragma unroll
-        for (int k = 0; k < TMA_DEPTH; ++k) {
+        for (int k = 0; k < TMA_STAGES; ++k) {
             const unsigned long long f = __shfl_sync(0xffffffffu, from, k);
             if (lane == 0 && k < n) load(k, f);
         }
-        return (int)min(n, (i64)TMA_DEPTH);
+        return (int)n;
     }
 };
 
@@ -163,7 +171,7 @@ __device__ __forceinline__ TmaCopy tma_copy(const i64* misses, const i64* host_p
     const int warp = threadIdx.x >> 5;
     return TmaCopy{misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, n_copies,
                    (i64)ncblocks * TMA_WARPS, (i64)cblock * TMA_WARPS + warp,
-                   bufs + (size_t)warp * TMA_DEPTH * row_bytes, bars + warp * TMA_DEPTH};
+                   bufs + (size_t)warp * TMA_STAGES * row_bytes, bars + warp * TMA_STAGES};
 }
 
 __device__ void copy_rows_tma(const TmaCopy& t, bool preloaded, int B, const i64* __restrict__ table,
@@ -173,7 +181,7 @@ __device__ void copy_rows_tma(const TmaCopy& t, bool preloaded, int B, const i64
     if ((threadIdx.x >> 5) >= TMA_WARPS) return;  // whole warps
     const int lane = threadIdx.x & 31;
     if (!preloaded) t.start();
-    const i64 mine = t.mine();
+    const i64 mine = t.mine(), sent = t.first();
     for (i64 k0 = 0; k0 < mine; k0 += 32) {  // warp-uniform
         // this lane's share: where row k0 + lane goes, where row k0 + lane + TMA_DEPTH comes from
         unsigned long long to = 0;
@@ -189,13 +197,13 @@ __device__ void copy_rows_tma(const TmaCopy& t, bool preloaded, int B, const i64
         for (int j = 0; j < n; ++j) {
             const unsigned long long d = __shfl_sync(0xffffffffu, to, j), f = __shfl_sync(0xffffffffu, from, j);
             if (lane == 0) {
-                const i64 k = k0 + j;
-                const int s = (int)(k % TMA_DEPTH);
-                mbar_wait(t.bar + s, (unsigned)(k / TMA_DEPTH) & 1u);
+                const i64 k = k0 + j, next = k + TMA_DEPTH;
+                const int s = (int)(k % TMA_STAGES);
+                mbar_wait(t.bar + s, (unsigned)(k / TMA_STAGES) & 1u);
                 bulk_store(reinterpret_cast<void*>(d), t.buf + (size_t)s * t.row_bytes, t.row_bytes);
-                if (k + TMA_DEPTH < mine) {
-                    bulk_stores_read();  // stage s is read out before the next row lands in it
-                    t.load(k + TMA_DEPTH, f);
+                if (next >= sent && next < mine) {  // its buffer's last row (next - TMA_STAGES) is stored
+                    bulk_stores_read();  // ... and read out before the next row lands there
+                    t.load(next, f);
                 }
             }
             __syncwarp();
@@ -206,7 +214,7 @@ __device__ void copy_rows_tma(const TmaCopy& t, bool preloaded, int B, const i64
 
 // A refused call after the preload: the rows in flight land before the block leaves.
 __device__ __forceinline__ void tma_drain(unsigned long long* bars, int issued) {
-    for (int s = 0; s < issued; ++s) mbar_wait(bars + (threadIdx.x >> 5) * TMA_DEPTH + s, 0u);
+    for (int s = 0; s < issued; ++s) mbar_wait(bars + (threadIdx.x >> 5) * TMA_STAGES + s, 0u);
 }
 
 #define COPY_BLOCKS_MIN 16
@@ -269,7 +277,7 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
                         const i64* __restrict__ misses, const i64* __restrict__ host_ptrs, int n_layers,
                         int batch, int Kk, unsigned row_bytes, int copy_blocks, int ncb, int cb, int call,
                         i64* preloads, i64* s_off, unsigned* s_tmp, int* s_flag, bool tma,
-                        unsigned char* bufs, unsigned long long* bars, int* tma_issued) {
+                        int tma_min_rows, unsigned char* bufs, unsigned long long* bars, int* tma_issued) {
     using V = typename Vec<W>::T;
     if (copy_blocks > 0 || cb >= COPY_BLOCKS_MIN) return false;  // block-uniform
     unsigned long long t0;
@@ -309,7 +317,7 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
     int active, step;
     copy_share(total, batch, copy_blocks, ncb, vpr, &active, &step);
     if (cb % step != 0 || cb / step >= active) return false;
-    if (tma) {  // each TMA warp's first rows into its shared buffers
+    if (tma && (i64)total * n_layers >= tma_min_rows) {  // each TMA warp's first rows into its buffers
         const TmaCopy t = tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step,
                                    active, bufs, bars);
         if ((threadIdx.x >> 5) < TMA_WARPS) {  // whole warps; lane 0 issued

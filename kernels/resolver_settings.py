@@ -142,24 +142,27 @@ def default_copy_early() -> bool:
     return _switch("DHISPARSE_COPY_EARLY", "1")
 
 
-TMA_ROWS = 16  # resolver_tma.cuh TMA_WARPS * TMA_DEPTH: a copy block's shared row buffers
+TMA_ROWS = 32  # resolver_tma.cuh TMA_WARPS * TMA_STAGES: a copy block's shared row buffers
 TMA_SHARED_MAX = 48 * 1024  # their bytes at most (no opt-in above the default limit)
 COPY_TMA = ("auto", "0", "1")
+TMA_MIN_ROWS = 8192  # copy_tma auto: calls copying fewer rows go by loads
 
 
-def copy_tma(tma: bool | None, row_bytes: int, width: int, capability: tuple[int, int]) -> bool:
-    """Whether ``commit`` copies the misses by the tensor memory accelerator
-    (resolver_tma.cuh: one cp.async.bulk per row, host -> shared -> device) instead of
-    16-byte loads: ``tma``, else ``DHISPARSE_COPY_TMA`` = auto | 0 | 1 (default auto).
+def copy_tma(tma: bool | None, row_bytes: int, width: int, capability: tuple[int, int]) -> int:
+    """From how many rows to copy (over every layer) ``commit`` copies the misses by the
+    tensor memory accelerator (resolver_tma.cuh: one cp.async.bulk per row, host -> shared
+    -> device) instead of 16-byte loads, -1 for never: ``tma``, else ``DHISPARSE_COPY_TMA`` =
+    auto | 0 | 1 (default auto). 1 (True): from 0 rows; auto: from TMA_MIN_ROWS rows, where
+    the rows are whole 128-byte lines; 0 (False): never.
 
     It needs compute capability 9.0+, 16-byte rows (width 16) and TMA_ROWS rows of shared
-    memory within TMA_SHARED_MAX (rows up to 3072 B); auto takes it where the rows are also
-    whole 128-byte lines. Isolated rows, address-sorted, read by a plain gather (H200,
-    a0f94ab, ``bench.bench_host_gather --variants``, % of the pinned memcpy): 1152 B rows,
-    410 from each of 32 / 160 requests, 90-91% / 92% by TMA against 86-88% / 84% by 16-byte
-    loads (best grids); 656 B rows (not whole lines) 44-48% by TMA against 55-63%, so auto
-    leaves them to the loads. Same results either way. Asking for it where it cannot run is
-    refused."""
+    memory within TMA_SHARED_MAX (rows up to 1536 B). Isolated rows, address-sorted, read by
+    a plain gather (H200, a0f94ab, ``bench.bench_host_gather --variants``, % of the pinned
+    memcpy): 1152 B rows, 410 from each of 32 / 160 requests, 90-91% / 92% by TMA against
+    86-88% / 84% by 16-byte loads (best grids); 656 B rows (not whole lines) 44-48% by TMA
+    against 55-63%, so auto leaves them to the loads. Few rows go by loads too: ~410 (one
+    request) cost a 1152 B call 37 against 34 us by TMA (cf41c5a). Same results every way.
+    Asking for it where it cannot run is refused."""
     value = os.environ.get("DHISPARSE_COPY_TMA", "auto") if tma is None else str(int(tma))
     name = "DHISPARSE_COPY_TMA" if tma is None else "tma"
     if value not in COPY_TMA:
@@ -170,7 +173,9 @@ def copy_tma(tma: bool | None, row_bytes: int, width: int, capability: tuple[int
             f"{name}=1 needs compute capability >= 9.0 (got {capability[0]}.{capability[1]}), "
             f"rows of 16-byte vectors (got width {width}) and row_bytes <= "
             f"{TMA_SHARED_MAX // TMA_ROWS} (got {row_bytes})")
-    return can and value != "0" and (value == "1" or row_bytes % 128 == 0)
+    if value == "1":
+        return 0
+    return TMA_MIN_ROWS if value == "auto" and can and row_bytes % 128 == 0 else -1
 
 
 def default_commit_parts() -> int:

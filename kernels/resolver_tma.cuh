@@ -10,8 +10,9 @@
 #include "resolver_common.cuh"
 
 #define TMA_WARPS 4  // warps of a copy block keeping rows in flight (lane 0 each)
-#define TMA_DEPTH 4  // rows in flight per such warp
-#define TMA_ROWS (TMA_WARPS * TMA_DEPTH)
+#define TMA_STAGES 8  // shared row buffers per such warp: the preload fills them all ...
+#define TMA_DEPTH 4  // ... and once the copies run, this many rows stay in flight per warp
+#define TMA_ROWS (TMA_WARPS * TMA_STAGES)
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));

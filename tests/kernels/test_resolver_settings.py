@@ -44,29 +44,31 @@ def test_copy_early_setting_is_validated(monkeypatch) -> None:
 
 def test_copy_tma_rule_and_setting(monkeypatch) -> None:
     from kernels import resolver as kres
+    from kernels.resolver_settings import TMA_MIN_ROWS
 
     hopper, ampere = (9, 0), (8, 0)
     monkeypatch.delenv("DHISPARSE_COPY_TMA", raising=False)
-    # auto: whole 128-byte lines of 16-byte vectors within the shared budget, on sm_90+
-    assert kres.copy_tma(None, 1152, 16, hopper) is True
-    assert kres.copy_tma(None, 3072, 16, hopper) is True
-    for rb, w, cap in ((656, 16, hopper), (1152, 16, ampere), (3200, 16, hopper),
+    # auto: whole 128-byte lines of 16-byte vectors within the shared budget, on sm_90+,
+    # from TMA_MIN_ROWS rows on
+    assert kres.copy_tma(None, 1152, 16, hopper) == TMA_MIN_ROWS == 8192
+    assert kres.copy_tma(None, 1536, 16, hopper) == 8192
+    for rb, w, cap in ((656, 16, hopper), (1152, 16, ampere), (1664, 16, hopper),
                        (1152, 8, hopper)):
-        assert kres.copy_tma(None, rb, w, cap) is False, (rb, w, cap)
-    # forced on: any row of 16-byte vectors that fits; off: never
-    assert kres.copy_tma(True, 656, 16, hopper) is True
-    assert kres.copy_tma(False, 1152, 16, hopper) is False
+        assert kres.copy_tma(None, rb, w, cap) == -1, (rb, w, cap)
+    # forced on: any row of 16-byte vectors that fits, from 0 rows; off: never
+    assert kres.copy_tma(True, 656, 16, hopper) == 0
+    assert kres.copy_tma(False, 1152, 16, hopper) == -1
     monkeypatch.setenv("DHISPARSE_COPY_TMA", "1")
-    assert kres.copy_tma(None, 16, 16, hopper) is True
+    assert kres.copy_tma(None, 16, 16, hopper) == 0
     monkeypatch.setenv("DHISPARSE_COPY_TMA", "0")
-    assert kres.copy_tma(None, 1152, 16, hopper) is False
+    assert kres.copy_tma(None, 1152, 16, hopper) == -1
     # asked for where it cannot run, or a bad value: refused, naming what was asked
     monkeypatch.setenv("DHISPARSE_COPY_TMA", "1")
     with pytest.raises(InvalidArgument, match=r"DHISPARSE_COPY_TMA=1 needs .*got width 4"):
         kres.copy_tma(None, 12, 4, hopper)
     with pytest.raises(InvalidArgument, match=r"tma=1 needs .*got 8\.0"):
         kres.copy_tma(True, 1152, 16, ampere)
-    with pytest.raises(InvalidArgument, match=r"row_bytes <= 3072 \(got 4096\)"):
+    with pytest.raises(InvalidArgument, match=r"row_bytes <= 1536 \(got 4096\)"):
         kres.copy_tma(True, 4096, 16, hopper)
     for bad in ("2", "on", ""):
         monkeypatch.setenv("DHISPARSE_COPY_TMA", bad)
