@@ -358,7 +358,8 @@ def commit(
     # copies by TMA from this many rows on (-1: never)
     tma_from = copy_tma(tma, row_bytes, w, torch.cuda.get_device_capability(dev)) if layers else -1
     tma = tma_from >= 0
-    fn = kernel("resolver", f"resolve_commit_{w}{'_tma' if tma else ''}", dev, False, defines())
+    # the TMA rows' buffers take the static shared memory past the default 48 KB: opt in
+    fn = kernel("resolver", f"resolve_commit_{w}{'_tma' if tma else ''}", dev, tma, defines())
     null = np.uint64(0)
     args = (
         ptr(table),
