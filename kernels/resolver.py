@@ -357,7 +357,8 @@ def commit(
     dev = selections.device.index
     # copies by TMA from this many rows on (-1: never)
     tma_from = copy_tma(tma, row_bytes, w, torch.cuda.get_device_capability(dev)) if layers else -1
-    tma = tma_from >= 0
+    # a call that cannot reach that many (every entry a miss) takes the kernel without TMA
+    tma = 0 <= tma_from <= batch * k_queries * k * layers
     # the TMA rows' buffers take the static shared memory past the default 48 KB: opt in
     fn = kernel("resolver", f"resolve_commit_{w}{'_tma' if tma else ''}", dev, tma, defines())
     null = np.uint64(0)

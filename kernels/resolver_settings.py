@@ -142,8 +142,8 @@ def default_copy_early() -> bool:
     return _switch("DHISPARSE_COPY_EARLY", "1")
 
 
-TMA_ROWS = 32  # resolver_tma.cuh TMA_WARPS * TMA_STAGES: a copy block's shared row buffers
-TMA_SHARED_MAX = 48 * 1024  # their bytes at most (no opt-in above the default limit)
+TMA_ROWS = 64  # resolver_tma.cuh TMA_WARPS * TMA_STAGES: a copy block's shared row buffers
+TMA_SHARED_MAX = 96 * 1024  # their bytes at most (two commit blocks an SM)
 COPY_TMA = ("auto", "0", "1")
 TMA_MIN_ROWS = 8192  # copy_tma auto: calls copying fewer rows go by loads
 

@@ -10,7 +10,7 @@
 #include "resolver_common.cuh"
 
 #define TMA_WARPS 4  // warps of a copy block keeping rows in flight (lane 0 each)
-#define TMA_STAGES 8  // shared row buffers per such warp: the preload fills them all ...
+#define TMA_STAGES 16  // shared row buffers per such warp: the preload fills them all ...
 #define TMA_DEPTH 4  // ... and once the copies run, this many rows stay in flight per warp
 #define TMA_ROWS (TMA_WARPS * TMA_STAGES)
 
