@@ -144,7 +144,7 @@ def default_copy_early() -> bool:
 
 TMA_ROWS = 64  # resolver_tma.cuh TMA_WARPS * TMA_STAGES: a copy block's shared row buffers
 TMA_SHARED_MAX = 96 * 1024  # their bytes at most (two commit blocks an SM)
-COPY_TMA = ("auto", "0", "1")
+COPY_TMA = ("0", "auto", "1")
 TMA_MIN_ROWS = 8192  # copy_tma auto: calls copying fewer rows go by loads
 
 
@@ -152,7 +152,7 @@ def copy_tma(tma: bool | None, row_bytes: int, width: int, capability: tuple[int
     """From how many rows to copy (over every layer) ``commit`` copies the misses by the
     tensor memory accelerator (resolver_tma.cuh: one cp.async.bulk per row, host -> shared
     -> device) instead of 16-byte loads, -1 for never: ``tma``, else ``DHISPARSE_COPY_TMA`` =
-    auto | 0 | 1 (default auto). 1 (True): from 0 rows; auto: from TMA_MIN_ROWS rows, where
+    0 | auto | 1 (default 0). 1 (True): from 0 rows; auto: from TMA_MIN_ROWS rows, where
     the rows are whole 128-byte lines; 0 (False): never.
 
     It needs compute capability 9.0+, 16-byte rows (width 16) and TMA_ROWS rows of shared
@@ -162,8 +162,17 @@ def copy_tma(tma: bool | None, row_bytes: int, width: int, capability: tuple[int
     86-88% / 84% by 16-byte loads (best grids); 656 B rows (not whole lines) 44-48% by TMA
     against 55-63%, so auto leaves them to the loads. Few rows go by loads too: ~410 (one
     request) cost a 1152 B call 37 against 34 us by TMA (cf41c5a). Same results every way.
-    Asking for it where it cannot run is refused."""
-    value = os.environ.get("DHISPARSE_COPY_TMA", "auto") if tma is None else str(int(tma))
+    Asking for it where it cannot run is refused.
+
+    In the resolver (H200, same calls, 1152 B rows, top_k 2048, 20% misses; loads / auto):
+    batch 32 335.8 / 323.3 us, 347.4 / 323.2; batch 160 1635.0 / 1561.2, 1740.5 / 1608.4
+    (ac5f3c1, 6007846). But a call without misses that launches the TMA kernel takes
+    1.1-1.6 us longer (batch 32: 13.6-13.9 against 14.7-15.5 us in the same calls, 1938868
+    and 6007846), which puts it over the 15 us of issue 7's no-miss target, and the host
+    cannot know beforehand whether a call will miss (the sync-free path reads nothing
+    between the launches). Hence off by default; the cause of that cost (the kernel's
+    spills, 232 / 300 bytes against 128 / 116, or its shared memory) is not established."""
+    value = os.environ.get("DHISPARSE_COPY_TMA", "0") if tma is None else str(int(tma))
     name = "DHISPARSE_COPY_TMA" if tma is None else "tma"
     if value not in COPY_TMA:
         raise InvalidArgument(f"{name}={value!r} must be one of {COPY_TMA}")

@@ -362,6 +362,32 @@ def test_commit_copies_by_tma_or_by_loads_alike(case: tuple, tma: str, copy_bloc
 
 
 @pytest.mark.gpu
+def test_the_tma_kernel_copies_calls_below_its_rows_by_loads(monkeypatch) -> None:
+    """DHISPARSE_COPY_TMA=auto on rows of whole 128-byte lines: a batch whose entries could
+    miss 8192 rows takes the TMA kernel, and its calls that miss fewer copy by loads inside
+    it (tma_min_rows); the reference's bytes and state all the same."""
+    from kernels import resolver as kres
+
+    monkeypatch.setenv("DHISPARSE_COPY_TMA", "auto")
+    names: list[str] = []
+    real = kres.kernel
+    monkeypatch.setattr(kres, "kernel", lambda mod, fn, *a: names.append(fn) or real(mod, fn, *a))
+    seed = random.randrange(1 << 30)
+    h_ref, h_k, rids = make_pair(seed, 32, 2, 64, 64, 4096, 128)  # 32 x 2 x 64 x 2 layers
+    gen = torch.Generator().manual_seed(seed)
+    copied = 0
+    for hit_frac in (0.8, 0.5, 0.9):  # at most half the 8192 entries miss
+        sel = selections(h_ref, rids, 2, 64, hit_frac, gen)
+        sel[0, 0, 0] = 0  # a copy every round (make_pair: request 0's row 0 is host-only)
+        plan = check_round(h_ref, h_k, rids, sel, (1, 0))
+        n = 0 if plan is None else plan.copy_rows.numel()
+        assert 2 * n < 8192, (seed, n)  # below the kernel's rows over both layers: by loads
+        copied += n
+    assert copied > 0, seed
+    assert {n for n in names if n.startswith("resolve_commit")} == {"resolve_commit_16_tma"}
+
+
+@pytest.mark.gpu
 def test_identical_queries_copy_each_row_once() -> None:
     h_ref, h_k, rids = make_pair(7, 4, 8, 64, 1024, 656)
     gen = torch.Generator().manual_seed(7)
