@@ -233,7 +233,7 @@ def run_copy_sweep(args: dict, rec: dict, host, pool, item: int, config) -> None
                  "GBps": m * bs * item / us / 1e3 if m else None}
             out.append(r)
             print(f"{item:5d} copy_blocks={r['copy_blocks']!s:4s} {select:5s} pdl={pdl} "
-                  f"early={int(early)} tma={'auto' if tma is None else int(tma)} "
+                  f"early={int(early)} tma={'env' if tma is None else int(tma)} "
                   f"bs={bs:3d} {prof:6s} us={us:8.1f} "
                   f"GB/s={(r['GBps'] or 0):5.1f} ok={ok}", flush=True)
         del case

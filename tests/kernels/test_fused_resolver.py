@@ -337,7 +337,8 @@ def test_commit_copies_by_tma_or_by_loads_alike(case: tuple, tma: str, copy_bloc
                                                monkeypatch) -> None:
     """The commit's miss copies of two layers by the tensor memory accelerator (one bulk copy
     per row through shared memory) or by 16-byte loads: the reference's payload bytes and
-    state either way, staging overflows included; the launches took the kernel asked for."""
+    state either way; the launches took the kernel asked for. (The preload and refused
+    calls after it: test_sync_free_path.py.)"""
     from kernels import resolver as kres
 
     monkeypatch.setenv("DHISPARSE_COPY_TMA", tma)
@@ -373,7 +374,7 @@ def test_the_tma_kernel_copies_calls_below_its_rows_by_loads(monkeypatch) -> Non
     real = kres.kernel
     monkeypatch.setattr(kres, "kernel", lambda mod, fn, *a: names.append(fn) or real(mod, fn, *a))
     seed = random.randrange(1 << 30)
-    h_ref, h_k, rids = make_pair(seed, 32, 2, 64, 64, 4096, 128)  # 32 x 2 x 64 x 2 layers
+    h_ref, h_k, rids = make_pair(seed, 32, 2, 64, 4096, 128)  # 32 x 2 x 64 x 2 layers
     gen = torch.Generator().manual_seed(seed)
     copied = 0
     for hit_frac in (0.8, 0.5, 0.9):  # at most half the 8192 entries miss

@@ -36,6 +36,20 @@ def test_the_resolver_parts_join_into_one_source_with_every_kernel_the_wrappers_
         assert (HERE / part).exists(), part
 
 
+def test_the_tma_row_buffers_the_host_sizes_are_the_ones_the_kernel_indexes() -> None:
+    """resolver_settings.TMA_ROWS (the dynamic shared memory commit launches with, in rows)
+    is resolver_tma.cuh's TMA_WARPS x TMA_STAGES: fewer, and the bulk copies would write
+    past the block's shared memory."""
+    from kernels.resolver_settings import TMA_ROWS
+
+    text = (HERE / "resolver_tma.cuh").read_text()
+    value = {m.group(1): int(m.group(2))
+             for m in re.finditer(r"#define (TMA_\w+) (\d+)", text)}
+    assert value["TMA_WARPS"] * value["TMA_STAGES"] == TMA_ROWS
+    assert "#define TMA_ROWS (TMA_WARPS * TMA_STAGES)" in text
+    assert value["TMA_DEPTH"] <= value["TMA_STAGES"]
+
+
 def test_workspace_pointers_follow_the_kernels_argument_order() -> None:
     """Both launches take miss_dst, misses, victims, hit_mask, summary, totals in this
     order right after their own leading arguments (resolver_lookup.cu / _commit.cu)."""
