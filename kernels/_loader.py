@@ -74,6 +74,12 @@ def sm_count(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.cache
+def capability(device: int) -> tuple[int, int]:
+    """The device's compute capability (asked once: the launch wrappers read it every call)."""
+    return torch.cuda.get_device_capability(device)
+
+
 def launch(
     fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared: int = 0
 ) -> None:
@@ -156,7 +162,7 @@ def launch_dependent(
     counts as signalling when it ends). Returns False after an ordinary ``launch``
     (DHISPARSE_PDL=0, a GPU before Hopper, or no cuLaunchKernelEx in the driver)."""
     dev = torch.cuda.current_device()
-    lib = _driver() if pdl_enabled() and torch.cuda.get_device_capability(dev)[0] >= 9 else None
+    lib = _driver() if pdl_enabled() and capability(dev)[0] >= 9 else None
     if lib is None:
         launch(fn, grid, block, args, shared)
         return False

@@ -17,6 +17,7 @@ import torch
 from services.common.errors import InvalidArgument
 
 from ._loader import (
+    capability,
     check,
     check_limit,
     dynamic_shared_cap,
@@ -356,11 +357,12 @@ def commit(
     w = vec_width(row_bytes)
     dev = selections.device.index
     # copies by TMA from this many rows on (-1: never)
-    tma_from = copy_tma(tma, row_bytes, w, torch.cuda.get_device_capability(dev)) if layers else -1
+    tma_from = copy_tma(tma, row_bytes, w, capability(dev)) if layers else -1
     # a call that cannot reach that many (every entry a miss) takes the kernel without TMA
-    tma = 0 <= tma_from <= batch * k_queries * k * layers
+    tma_kernel = 0 <= tma_from <= batch * k_queries * k * layers
     # the TMA rows' buffers take the static shared memory past the default 48 KB: opt in
-    fn = kernel("resolver", f"resolve_commit_{w}{'_tma' if tma else ''}", dev, tma, defines())
+    fn = kernel("resolver", f"resolve_commit_{w}{'_tma' if tma_kernel else ''}", dev, tma_kernel,
+                defines())
     null = np.uint64(0)
     args = (
         ptr(table),
@@ -398,7 +400,7 @@ def commit(
              np.int32(max(tma_from, 0)))
     copies = copy_blocks or launched_copy_blocks(batch * parts, sm_count(dev))
     grid = batch * parts + (copies if layers else 0)
-    shared = TMA_ROWS * row_bytes if tma else 0  # the TMA rows' buffers
+    shared = TMA_ROWS * row_bytes if tma_kernel else 0  # the TMA rows' buffers
     if dependent:
         launch_dependent(fn, (grid,), (COMMIT_THREADS,), args, shared)
     else:

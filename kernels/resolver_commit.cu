@@ -123,7 +123,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         }
         // 32-bit item indices when the last one (plus a stride of U rounds) stays below 2^32
         const i64 items = n_copies * (row_bytes / W) * n_layers + (i64)active * blockDim.x * U;
-        if (tma && n_copies * n_layers >= tma_min_rows)  // else by loads (resolver_copy.cuh)
+        if (rows_by_tma(tma, n_copies * n_layers, tma_min_rows))  // else by loads
             copy_rows_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, n_copies, cb / step,
                                    active, s_rows, s_bar),
                           have_pre, B, table, victims, summary, stage_locs, payload_ptrs, s_soff);

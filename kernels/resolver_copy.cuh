@@ -212,6 +212,13 @@ __device__ void copy_rows_tma(const TmaCopy& t, bool preloaded, int B, const i64
     if (lane == 0) bulk_stores_done();
 }
 
+// Whether a call copying `rows` rows (over every layer) copies them by TMA: in the TMA
+// kernel (tma), from tma_min_rows rows on. The preload and the copy path ask alike: a block
+// that preloaded by TMA copies by TMA.
+__device__ __forceinline__ bool rows_by_tma(bool tma, i64 rows, int tma_min_rows) {
+    return tma && rows >= tma_min_rows;
+}
+
 // A refused call after the preload: the rows in flight land before the block leaves.
 __device__ __forceinline__ void tma_drain(unsigned long long* bars, int issued) {
     for (int s = 0; s < issued; ++s) mbar_wait(bars + (threadIdx.x >> 5) * TMA_STAGES + s, 0u);
@@ -317,7 +324,7 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
     int active, step;
     copy_share(total, batch, copy_blocks, ncb, vpr, &active, &step);
     if (cb % step != 0 || cb / step >= active) return false;
-    if (tma && (i64)total * n_layers >= tma_min_rows) {  // each TMA warp's first rows into its buffers
+    if (rows_by_tma(tma, (i64)total * n_layers, tma_min_rows)) {  // each TMA warp's first rows
         const TmaCopy t = tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step,
                                    active, bufs, bars);
         if ((threadIdx.x >> 5) < TMA_WARPS) {  // whole warps; lane 0 issued

@@ -30,7 +30,7 @@ def _module(device: int):
 
 
 def variant(name: str, device: int):
-    """``(launch(grid, dst, src, idx, row_bytes), blocks_per_grid_unit)`` for ``name``."""
+    """``run(grid, dst, src, idx, row_bytes)``: ``name``'s gather on ``grid`` blocks."""
     from kernels._loader import launch, ptr
 
     mod = _module(device)

@@ -231,24 +231,18 @@ class KVStoreClient:
 
     def close(self, request_id: str, source_id: int, timeout: float | None = None,
               opening: int | None = None) -> None:
-        """Free the history in the store and unmap it here. The mapping leaves this
-        client's table before the call, so an ``open`` of the key meanwhile asks the store
-        (it re-attaches, or creates anew once the close went through) instead of handing
-        out this mapping; the close names the opening it maps, so a re-attach that reached
-        the store first keeps the history (the close answers NotFound). The mapping goes
-        whatever the store answers: NotFound (its lease ran out, or a re-attach overtook
-        the close), or no answer in time. ``timeout`` replaces the client's RPC timeout
+        """Free the history in the store and unmap it here. The mapping goes first
+        (``detach``), whatever the store answers then: NotFound (its lease ran out, or a
+        re-attach overtook the close), or no answer in time; an ``open`` of the key
+        meanwhile asks the store (it re-attaches, or creates anew once the close went
+        through) instead of handing out this mapping. The close names the opening it
+        mapped, so a re-attach that reached the store first keeps the history (the close
+        answers NotFound). ``timeout`` replaces the client's RPC timeout
         for this call; ``opening`` the mapping's opening (a retried close whose mapping went
         with its first attempt; 0 closes whatever the key holds)."""
-        with self._lock:
-            h = self._open.pop((request_id, source_id), None)
-        if opening is None:
-            opening = h.opening if h is not None else 0
-        try:
-            self.rpc.close(request_id, source_id, self.owner, timeout, opening=opening)
-        finally:
-            if h is not None:
-                h.close()
+        mapped = self.detach(request_id, source_id)
+        self.rpc.close(request_id, source_id, self.owner, timeout,
+                       opening=mapped if opening is None else opening)
 
     def renew(self) -> int:
         """Renew the leases of the histories this client has mapped; returns how many it

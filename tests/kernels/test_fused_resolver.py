@@ -328,6 +328,23 @@ def test_commit_copies_layers_like_apply_copies(
     assert copied > 0  # the commit did copy rows
 
 
+def commit_kernels(monkeypatch) -> set[str]:
+    """The commit kernels ``kernels.resolver.commit`` launches from now on (filled as it
+    looks them up)."""
+    from kernels import resolver as kres
+
+    names: set[str] = set()
+    real = kres.kernel
+
+    def spy(module: str, func: str, *args):
+        if func.startswith("resolve_commit"):
+            names.add(func)
+        return real(module, func, *args)
+
+    monkeypatch.setattr(kres, "kernel", spy)
+    return names
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [c for c in CASES if c[5] % 16 == 0],
                          ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
@@ -339,13 +356,9 @@ def test_commit_copies_by_tma_or_by_loads_alike(case: tuple, tma: str, copy_bloc
     per row through shared memory) or by 16-byte loads: the reference's payload bytes and
     state either way; the launches took the kernel asked for. (The preload and refused
     calls after it: test_sync_free_path.py.)"""
-    from kernels import resolver as kres
-
     monkeypatch.setenv("DHISPARSE_COPY_TMA", tma)
     monkeypatch.setenv("DHISPARSE_COPY_BLOCKS", copy_blocks)
-    names: list[str] = []
-    real = kres.kernel
-    monkeypatch.setattr(kres, "kernel", lambda mod, fn, *a: names.append(fn) or real(mod, fn, *a))
+    names = commit_kernels(monkeypatch)
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)
     h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
@@ -358,8 +371,7 @@ def test_commit_copies_by_tma_or_by_loads_alike(case: tuple, tma: str, copy_bloc
         plan = check_round(h_ref, h_k, rids, sel, (1, 0))
         copied += 0 if plan is None else plan.copy_rows.numel()
     assert copied > 0, seed
-    commits = {n for n in names if n.startswith("resolve_commit")}
-    assert commits == {"resolve_commit_16_tma" if tma == "1" else "resolve_commit_16"}, names
+    assert names == {"resolve_commit_16_tma" if tma == "1" else "resolve_commit_16"}, names
 
 
 @pytest.mark.gpu
@@ -367,12 +379,8 @@ def test_the_tma_kernel_copies_calls_below_its_rows_by_loads(monkeypatch) -> Non
     """DHISPARSE_COPY_TMA=auto on rows of whole 128-byte lines: a batch whose entries could
     miss 8192 rows takes the TMA kernel, and its calls that miss fewer copy by loads inside
     it (tma_min_rows); the reference's bytes and state all the same."""
-    from kernels import resolver as kres
-
     monkeypatch.setenv("DHISPARSE_COPY_TMA", "auto")
-    names: list[str] = []
-    real = kres.kernel
-    monkeypatch.setattr(kres, "kernel", lambda mod, fn, *a: names.append(fn) or real(mod, fn, *a))
+    names = commit_kernels(monkeypatch)
     seed = random.randrange(1 << 30)
     h_ref, h_k, rids = make_pair(seed, 32, 2, 64, 4096, 128)  # 32 x 2 x 64 x 2 layers
     gen = torch.Generator().manual_seed(seed)
@@ -385,7 +393,7 @@ def test_the_tma_kernel_copies_calls_below_its_rows_by_loads(monkeypatch) -> Non
         assert 2 * n < 8192, (seed, n)  # below the kernel's rows over both layers: by loads
         copied += n
     assert copied > 0, seed
-    assert {n for n in names if n.startswith("resolve_commit")} == {"resolve_commit_16_tma"}
+    assert names == {"resolve_commit_16_tma"}, names
 
 
 @pytest.mark.gpu

@@ -21,7 +21,7 @@ def test_the_resolver_parts_join_into_one_source_with_every_kernel_the_wrappers_
         assert f"COMMIT(resolve_commit_{width}, {width}, false)" in text
         assert f"PLAN_COPY({width})" in text and f"PROMOTE({width})" in text
     assert "COMMIT(resolve_commit_16_tma, 16, true)" in text  # f"resolve_commit_{w}_tma"
-    assert "resolve_commit_{w}{'_tma' if tma else ''}" in wrappers
+    assert "resolve_commit_{w}{'_tma' if tma_kernel else ''}" in wrappers
     assert '"promote_staged_' in wrappers
     # one translation unit: the header once, no include of a sibling part left
     assert text.count("#define DHISPARSE_RESOLVER_COMMON_CUH") == 1

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.hierarchy.harness import Harness, assert_same, snapshot
-from tests.kernels.test_fused_resolver import CASES, make_pair, selections
+from tests.kernels.test_fused_resolver import CASES, commit_kernels, make_pair, selections
 
 
 def sync_free_round(h: Harness, ws, rids: list[str], sel: torch.Tensor, host_totals: bool,
@@ -142,9 +142,11 @@ def test_a_commit_finding_no_counts_of_its_call_copies_without_the_preload() -> 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [(17, 3, 40, 64, 2048, 1152), (9, 8, 64, 4, 300, 656)],
-                         ids=lambda c: "b{}-K{}-k{}-B{}-S{}-R{}".format(*c))
-def test_sync_free_copies_by_tma_with_and_without_the_preload(case, monkeypatch) -> None:
+@pytest.mark.parametrize("case,overflows", [((17, 3, 40, 64, 2048, 1152), False),
+                                            ((9, 8, 64, 4, 300, 656), True)],
+                         ids=["b17-R1152", "b9-R656-staging-overflow"])
+def test_sync_free_copies_by_tma_with_and_without_the_preload(case, overflows,
+                                                              monkeypatch) -> None:
     """The sync-free commit copying by the tensor memory accelerator, its rows' first bulk
     copies issued before the lookup ended (preload) or after: what plain launches copying by
     loads give. The second case's union exceeds its hot slots and staging, so some rounds
@@ -156,6 +158,7 @@ def test_sync_free_copies_by_tma_with_and_without_the_preload(case, monkeypatch)
     seed = random.randrange(1 << 30)
     plain, sync_free, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
     _, no_preload, _ = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    names = commit_kernels(monkeypatch)
     gen = torch.Generator().manual_seed(seed)
     refused = preloaded = 0  # refused: after a preload
     for frac in (0.0, 0.5, 0.0, 0.8, 0.0):
@@ -175,8 +178,10 @@ def test_sync_free_copies_by_tma_with_and_without_the_preload(case, monkeypatch)
         preloaded += outs[0]["preloads"] > 0  # a fresh workspace each round: this call's
         refused += outs[0]["preloads"] > 0 and int(want["totals"][kres.R_STATUS]) != 0
     assert preloaded > 0, seed  # the preload issued bulk copies
-    if staging < 1000:  # the overflow case: refused calls whose preload sent rows (drained)
+    if overflows:  # refused calls whose preload sent rows (drained)
         assert refused > 0, seed
+    # the plain side by loads, both sync-free sides by TMA
+    assert names == {"resolve_commit_16", "resolve_commit_16_tma"}, names
 
 
 # batch, K, k, hot slots, staging rows, row bytes: a warp-summed batch (<= 32) and one above
