@@ -325,6 +325,9 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
     copy_share(total, batch, copy_blocks, ncb, vpr, &active, &step);
     if (cb % step != 0 || cb / step >= active) return false;
     if (rows_by_tma(tma, (i64)total * n_layers, tma_min_rows)) {  // each TMA warp's first rows
+#ifdef RESOLVER_NO_TMA_PRELOAD  // diagnostic build (bench/resolver/tma_cost.py): no TMA preload
+        return false;
+#endif
         const TmaCopy t = tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step,
                                    active, bufs, bars);
         if ((threadIdx.x >> 5) < TMA_WARPS) {  // whole warps; lane 0 issued

@@ -1,0 +1,130 @@
+"""Where the TMA commit kernel's cost on calls without misses comes from (issue 7): the
+same sync-free calls (``Case``: lookup + commit of one payload layer) timed under variants
+of the commit launch, interleaved in rounds so that drift hits every variant alike.
+
+Variants (``VARIANTS``): the plain kernel or the TMA kernel (``resolve_commit_16_tma``);
+the kernels' preferred shared-memory carveout (cudaFuncAttributePreferredSharedMemoryCarveout,
+default -1 = the driver's choice, 100 = all shared); the dynamic shared memory the commit
+launch asks for (the TMA kernel's row buffers, or none where a call has no misses, or the
+buffers' size given to the plain kernel that never uses them); the TMA kernel built without
+its preload branch (``-DRESOLVER_NO_TMA_PRELOAD``: the rows then go out after the lookup).
+
+    python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from bench.common import Flusher, environment, time_gpu, write_json
+from bench.resolver.case import Case
+from bench.resolver.pool import State, alloc_host, fill_random, missed_rows
+
+# name: (tma, carveout or None (left as is), commit shared bytes or None (the wrapper's),
+# extra compile flags, misses allowed)
+VARIANTS = {
+    "plain": (False, -1, None, (), True),
+    "tma": (True, -1, None, (), True),
+    "plain_carveout100": (False, 100, None, (), True),
+    "tma_carveout100": (True, 100, None, (), True),
+    "plain_with_tma_shared": (False, -1, "tma", (), True),
+    "tma_no_shared": (True, -1, 0, (), False),
+    "tma_no_preload": (True, -1, None, ("-DRESOLVER_NO_TMA_PRELOAD",), True),
+}
+
+
+class Launches:
+    """Wraps ``kernels.resolver``'s two launch functions: sets each launched kernel's
+    carveout and replaces the commit's dynamic shared memory as the variant says."""
+
+    def __init__(self, kres) -> None:
+        self.kres = kres
+        self.launch, self.dependent = kres.launch, kres.launch_dependent
+        self.carveout: int | None = None
+        self.shared: int | None = None
+        kres.launch = self._wrap(self.launch, False)
+        kres.launch_dependent = self._wrap(self.dependent, True)
+
+    def _wrap(self, inner, commit: bool):
+        """The lookup goes out by ``launch``, the commit (``Case``: dependent) by the other."""
+        def launch(fn, grid, block, args, shared=0):
+            if self.carveout is not None:
+                fn.preferred_shared_memory_carveout = self.carveout
+            if commit and self.shared is not None:
+                shared = self.shared
+            return inner(fn, grid, block, args, shared)
+        return launch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--item", type=int, default=1152)
+    ap.add_argument("--cases", default="1:hit100,32:hit100,160:hit100,32:miss20,160:miss20")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=15)
+    args = ap.parse_args()
+    from kernels import resolver as kres
+    from kernels._loader import kernel
+
+    dev = torch.device("cuda")
+    cases = [(int(b), p) for b, p in (c.split(":") for c in args.cases.split(","))]
+    names = args.variants.split(",")
+    P, S, k, B, item = max(b for b, _ in cases), 100_000, 2048, 4096, args.item
+    host, how = alloc_host(P * S * item)
+    fill_random(host, dev)
+    pool = None
+    flush = Flusher(dev)
+    wrap = Launches(kres)
+    base_defines = kres.defines
+    rec = {"environment": environment(), "host_alloc": how, "item_bytes": item, "top_k": k,
+           "hot_buffer": B, "reps": args.reps, "variants": {n: list(map(str, VARIANTS[n]))
+                                                            for n in names}, "results": []}
+    t0 = time.time()
+    for rnd in range(args.rounds):
+        st = State(P, S, B, dev)  # a fresh row order per round: fresh windows
+        pool = torch.empty(st.pool_rows, item, dtype=torch.uint8, device=dev)
+        used: dict[tuple[int, str], int] = {}
+        for bs, prof in cases:
+            m = missed_rows(prof, k)
+            case = Case(st, host, pool, item, bs, 1, k, m, False)
+            for name in names:
+                tma, carveout, shared, flags, misses_ok = VARIANTS[name]
+                if m and not misses_ok:
+                    continue
+                wrap.carveout = carveout
+                wrap.shared = (64 * item if shared == "tma" else shared)
+                kres.defines = (lambda f=flags: base_defines() + f)
+                case.tma = tma
+                off = used.get((bs, prof), 0)
+                n = args.reps + 3
+                used[(bs, prof)] = off + n
+                ok = case.check(off)["ok"]
+                ts = time_gpu(lambda i, o=off, c=case: c.call(i + o + 1), args.reps, 2,
+                              before=lambda i, o=off, c=case: c.before(i + o + 1), flush=flush)
+                us = statistics.median(ts)
+                rec["results"].append({"round": rnd, "batch": bs, "profile": prof,
+                                       "variant": name, "ok": ok, "us": us,
+                                       "us_all": [round(t, 2) for t in ts]})
+                print(f"round {rnd} bs={bs:3d} {prof:6s} {name:22s} us={us:8.1f} ok={ok} "
+                      f"({time.time() - t0:.0f}s)", flush=True)
+                write_json(args.out, rec)
+            del case
+        del st
+    kres.defines = base_defines
+    # the commit kernels' registers and spills as loaded (the plain one, the TMA one)
+    for fn_name in ("resolve_commit_16", "resolve_commit_16_tma"):
+        fn = kernel("resolver", fn_name, 0, fn_name.endswith("tma"), base_defines())
+        rec.setdefault("kernels", {})[fn_name] = {
+            "num_regs": fn.num_regs, "local_size_bytes": fn.local_size_bytes,
+            "shared_size_bytes": fn.shared_size_bytes}
+    write_json(args.out, rec)
+
+
+if __name__ == "__main__":
+    main()
