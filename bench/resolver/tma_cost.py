@@ -24,38 +24,43 @@ from bench.common import Flusher, environment, time_gpu, write_json
 from bench.resolver.case import Case
 from bench.resolver.pool import State, alloc_host, fill_random, missed_rows
 
-# name: (tma, carveout or None (left as is), commit shared bytes or None (the wrapper's),
-# extra compile flags, misses allowed)
+# name: (tma, the lookup's carveout, the commit's carveout (-1 = the driver's choice, 0 = the
+# most L1, 100 = the most shared memory), the commit's dynamic shared bytes (None = the
+# wrapper's, "tma" = the TMA kernel's row buffers), extra compile flags, misses allowed)
 VARIANTS = {
-    "plain": (False, -1, None, (), True),
-    "tma": (True, -1, None, (), True),
-    "plain_carveout100": (False, 100, None, (), True),
-    "tma_carveout100": (True, 100, None, (), True),
-    "plain_with_tma_shared": (False, -1, "tma", (), True),
-    "tma_no_shared": (True, -1, 0, (), False),
-    "tma_no_preload": (True, -1, None, ("-DRESOLVER_NO_TMA_PRELOAD",), True),
+    "plain": (False, -1, -1, None, (), True),
+    "tma": (True, -1, -1, None, (), True),
+    "plain_with_tma_shared": (False, -1, -1, "tma", (), True),
+    "tma_no_shared": (True, -1, -1, 0, (), False),
+    "tma_no_preload": (True, -1, -1, None, ("-DRESOLVER_NO_TMA_PRELOAD",), True),
+    "plain_commit_carveout100": (False, -1, 100, None, (), True),
+    "tma_lookup_carveout0": (True, 0, -1, None, (), True),
+    "plain_lookup_carveout0": (False, 0, -1, None, (), True),
 }
 
 
 class Launches:
-    """Wraps ``kernels.resolver``'s two launch functions: sets each launched kernel's
-    carveout and replaces the commit's dynamic shared memory as the variant says."""
+    """Wraps ``kernels.resolver``'s two launch functions (the lookup goes out by ``launch``,
+    the commit -- ``Case``: dependent -- by the other): sets each kernel's carveout and
+    replaces the commit's dynamic shared memory as the variant says."""
 
     def __init__(self, kres) -> None:
         self.kres = kres
         self.launch, self.dependent = kres.launch, kres.launch_dependent
-        self.carveout: int | None = None
+        self.lookup_carveout = self.commit_carveout = -1
         self.shared: int | None = None
         kres.launch = self._wrap(self.launch, False)
         kres.launch_dependent = self._wrap(self.dependent, True)
 
     def _wrap(self, inner, commit: bool):
-        """The lookup goes out by ``launch``, the commit (``Case``: dependent) by the other."""
         def launch(fn, grid, block, args, shared=0):
-            if self.carveout is not None:
-                fn.preferred_shared_memory_carveout = self.carveout
+            fn.preferred_shared_memory_carveout = (self.commit_carveout if commit
+                                                   else self.lookup_carveout)
             if commit and self.shared is not None:
                 shared = self.shared
+                if shared > 48 * 1024:  # the plain kernel given the TMA kernel's buffers
+                    fn.max_dynamic_shared_size_bytes = max(fn.max_dynamic_shared_size_bytes,
+                                                           shared)
             return inner(fn, grid, block, args, shared)
         return launch
 
@@ -94,10 +99,10 @@ def main() -> None:
             m = missed_rows(prof, k)
             case = Case(st, host, pool, item, bs, 1, k, m, False)
             for name in names:
-                tma, carveout, shared, flags, misses_ok = VARIANTS[name]
+                tma, lookup_cv, commit_cv, shared, flags, misses_ok = VARIANTS[name]
                 if m and not misses_ok:
                     continue
-                wrap.carveout = carveout
+                wrap.lookup_carveout, wrap.commit_carveout = lookup_cv, commit_cv
                 wrap.shared = (64 * item if shared == "tma" else shared)
                 kres.defines = (lambda f=flags: base_defines() + f)
                 case.tma = tma
