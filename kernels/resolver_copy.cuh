@@ -7,6 +7,21 @@
 #include "resolver_common.cuh"
 #include "resolver_tma.cuh"
 
+// The TMA copies are functions of their own (not inlined): their code and registers stay out
+// of the commit's path when a call copies nothing (diagnostic build RESOLVER_TMA_INLINE
+// inlines them, bench/resolver/tma_cost.py); RESOLVER_COPY_NOINLINE does the same to the
+// copies by loads (diagnostic).
+#ifdef RESOLVER_TMA_INLINE
+#define TMA_CALL __forceinline__
+#else
+#define TMA_CALL __noinline__
+#endif
+#ifdef RESOLVER_COPY_NOINLINE
+#define COPY_CALL __noinline__
+#else
+#define COPY_CALL
+#endif
+
 // Copy item -> (request, miss index) by binary search over copy offsets in shared memory.
 __device__ __forceinline__ int find_request(const i64* off, int batch, i64 c) {
     int lo = 0, hi = batch;  // off[lo] <= c < off[hi]
@@ -54,7 +69,7 @@ __device__ __forceinline__ char* item_dst_row(int layer, int b, i64 i, int B, un
 // With have_pre, the first round's loads were issued before the lookup grid ended (preload)
 // and their values are in pre.
 template <int W, typename I>
-__device__ void copy_misses(const i64* __restrict__ table, const i64* __restrict__ misses,
+__device__ COPY_CALL void copy_misses(const i64* __restrict__ table, const i64* __restrict__ misses,
                             const i32* __restrict__ victims, const i64* __restrict__ summary,
                             const i64* __restrict__ stage_locs, const i64* __restrict__ host_ptrs,
                             const i64* __restrict__ payload_ptrs, int n_layers, int batch, int Kk, int B,
@@ -174,7 +189,7 @@ __device__ __forceinline__ TmaCopy tma_copy(const i64* misses, const i64* host_p
                    bufs + (size_t)warp * TMA_STAGES * row_bytes, bars + warp * TMA_STAGES};
 }
 
-__device__ void copy_rows_tma(const TmaCopy& t, bool preloaded, int B, const i64* __restrict__ table,
+__device__ TMA_CALL void copy_rows_tma(const TmaCopy& t, bool preloaded, int B, const i64* __restrict__ table,
                               const i32* __restrict__ victims, const i64* __restrict__ summary,
                               const i64* __restrict__ stage_locs, const i64* __restrict__ payload_ptrs,
                               const i64* s_soff) {
@@ -265,6 +280,14 @@ __device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blo
     *step = sparse ? 1 : ncb / *active;
 }
 
+// The preload by TMA: each TMA warp's first rows (lane 0 issues them; *issued: how many).
+__device__ TMA_CALL void preload_tma(const TmaCopy t, int* issued) {
+    if ((threadIdx.x >> 5) < TMA_WARPS) {  // whole warps
+        const int n = t.start();
+        if (!(threadIdx.x & 31)) *issued = n;
+    }
+}
+
 // A copy block of the sync-free path before the lookup grid has ended: waits for every
 // request's miss count (S_EARLY of this call, published once the request's misses are
 // listed), makes the copy offsets (s_off) and, if the block is one at work, issues the
@@ -328,12 +351,9 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
 #ifdef RESOLVER_NO_TMA_PRELOAD  // diagnostic build (bench/resolver/tma_cost.py): no TMA preload
         return false;
 #endif
-        const TmaCopy t = tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step,
-                                   active, bufs, bars);
-        if ((threadIdx.x >> 5) < TMA_WARPS) {  // whole warps; lane 0 issued
-            const int n = t.start();
-            if (!(threadIdx.x & 31)) *tma_issued = n;
-        }
+        preload_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step,
+                             active, bufs, bars),
+                    tma_issued);
         if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);
         return true;
     }

@@ -7,7 +7,9 @@ the kernels' preferred shared-memory carveout (cudaFuncAttributePreferredSharedM
 default -1 = the driver's choice, 100 = all shared); the dynamic shared memory the commit
 launch asks for (the TMA kernel's row buffers, or none where a call has no misses, or the
 buffers' size given to the plain kernel that never uses them); the TMA kernel built without
-its preload branch (``-DRESOLVER_NO_TMA_PRELOAD``: the rows then go out after the lookup).
+its preload branch (``-DRESOLVER_NO_TMA_PRELOAD``: the rows then go out after the lookup);
+the TMA copies inlined (``-DRESOLVER_TMA_INLINE``) and the copies by loads not inlined
+(``-DRESOLVER_COPY_NOINLINE``).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
 """
@@ -33,6 +35,9 @@ VARIANTS = {
     "plain_with_tma_shared": (False, -1, -1, "tma", (), True),
     "tma_no_shared": (True, -1, -1, 0, (), False),
     "tma_no_preload": (True, -1, -1, None, ("-DRESOLVER_NO_TMA_PRELOAD",), True),
+    "tma_inline": (True, -1, -1, None, ("-DRESOLVER_TMA_INLINE",), True),
+    "plain_copy_noinline": (False, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True),
+    "tma_copy_noinline": (True, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True),
     "plain_commit_carveout100": (False, -1, 100, None, (), True),
     "tma_lookup_carveout0": (True, 0, -1, None, (), True),
     "plain_lookup_carveout0": (False, 0, -1, None, (), True),
