@@ -132,7 +132,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                                      batch, Kk, B, row_bytes, s_off, s_soff, n_copies, cb / step, active, pre,
                                      have_pre);
         else
-            copy_misses<W, i64>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
+            copy_misses_wide<W>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
                                 batch, Kk, B, row_bytes, s_off, s_soff, n_copies, cb / step, active, pre,
                                 have_pre);
         return;

@@ -112,6 +112,24 @@ __device__ COPY_CALL void copy_misses(const i64* __restrict__ table, const i64* 
     }
 }
 
+// copy_misses with 64-bit item indices (2^32 items or more: rare). Diagnostic build
+// RESOLVER_WIDE_NOINLINE keeps it a function of its own (bench/resolver/tma_cost.py).
+template <int W>
+#ifdef RESOLVER_WIDE_NOINLINE
+__device__ __noinline__
+#else
+__device__ __forceinline__
+#endif
+void copy_misses_wide(const i64* __restrict__ table, const i64* __restrict__ misses,
+                      const i32* __restrict__ victims, const i64* __restrict__ summary,
+                      const i64* __restrict__ stage_locs, const i64* __restrict__ host_ptrs,
+                      const i64* __restrict__ payload_ptrs, int n_layers, int batch, int Kk, int B,
+                      unsigned row_bytes, const i64* s_off, const i64* s_soff, i64 n_copies, int cblock,
+                      int ncblocks, const typename Vec<W>::T (&pre)[U], bool have_pre) {
+    copy_misses<W, i64>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers, batch, Kk,
+                        B, row_bytes, s_off, s_soff, n_copies, cblock, ncblocks, pre, have_pre);
+}
+
 // Miss copies by the tensor memory accelerator (resolver_tma.cuh; W = 16): row j of the
 // flattened (layer, request, miss) list -- ascending host address within a request -- goes
 // to TMA warp j % G of the working copy blocks (G = ncblocks * TMA_WARPS; warp g = cblock *

@@ -108,6 +108,19 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
 // its prefix [Wp] u16, and the held rows' entries by rank in the keys' place until pass 1 ends.
 // UL: slot groups per thread in the victim keys; entry loops run G groups (G * NT >= K * k
 // where possible: a group past the last entry would still cost its instructions).
+// The victims by sorting every key (select_mode 0, or more victims than the radix select
+// takes): off the path of most calls. Diagnostic build RESOLVER_SORT_NOINLINE keeps it a
+// function of its own (bench/resolver/tma_cost.py).
+#ifdef RESOLVER_SORT_NOINLINE
+__device__ __noinline__
+#else
+__device__ __forceinline__
+#endif
+void lookup_sort(unsigned long long* keys, int Bp) {
+    if (Bp == SORT_N) sort_registers(keys);
+    else sort_smem(keys, Bp);
+}
+
 template <int UL, bool RANK>
 __device__ __forceinline__ void lookup_body(
     const i64* __restrict__ table, const i64* __restrict__ sel, const i64* __restrict__ visible,
@@ -355,8 +368,7 @@ __device__ __forceinline__ void lookup_body(
                                ((unsigned long long)kbits[1] << 32) | kbits[0],
                                ((unsigned long long)kbits[3] << 32) | kbits[2], select_mode == 1);
             } else {
-                if (Bp == SORT_N) sort_registers(keys);
-                else sort_smem(keys, Bp);
+                lookup_sort(keys, Bp);
                 for (int i = threadIdx.x; i < (int)nv; i += NT)
                     victims[(i64)b * B + i] = (i32)(keys[i] & 0xFFFFFull);
             }
