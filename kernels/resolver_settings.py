@@ -170,8 +170,11 @@ def copy_tma(tma: bool | None, row_bytes: int, width: int, capability: tuple[int
     1.1-1.6 us longer (batch 32: 13.6-13.9 against 14.7-15.5 us in the same calls, 1938868
     and 6007846), which puts it over the 15 us of issue 7's no-miss target, and the host
     cannot know beforehand whether a call will miss (the sync-free path reads nothing
-    between the launches). Hence off by default; the cause of that cost (the kernel's
-    spills, 232 / 300 bytes against 128 / 116, or its shared memory) is not established."""
+    between the launches). Hence off by default. That cost is the kernel's code, not its
+    shared memory or the carveout (bench/resolver/tma_cost.py, eff1103 / d07a4c9, same
+    rounds: the plain kernel given the same shared memory +0.1-0.2 us, the TMA kernel
+    without any +1.4-1.5; without the preload's TMA branch, code a call without misses never
+    runs, +0.3-0.8; with the TMA copies out of line, as built now, +0.9-1.6)."""
     value = os.environ.get("DHISPARSE_COPY_TMA", "0") if tma is None else str(int(tma))
     name = "DHISPARSE_COPY_TMA" if tma is None else "tma"
     if value not in COPY_TMA:
