@@ -71,11 +71,11 @@ __device__ __forceinline__ char* item_dst_row(int layer, int b, i64 i, int B, un
 // and their values are in pre.
 template <int W, typename I>
 __device__ COPY_CALL void copy_misses(const i64* __restrict__ table, const i64* __restrict__ misses,
-                            const i32* __restrict__ victims, const i64* __restrict__ summary,
-                            const i64* __restrict__ stage_locs, const i64* __restrict__ host_ptrs,
-                            const i64* __restrict__ payload_ptrs, int n_layers, int batch, int Kk, int B,
-                            unsigned row_bytes, const i64* s_off, const i64* s_soff, i64 n_copies,
-                            int cblock, int ncblocks, const typename Vec<W>::T (&pre)[U], bool have_pre) {
+                                      const i32* __restrict__ victims, const i64* __restrict__ summary,
+                                      const i64* __restrict__ stage_locs, const i64* __restrict__ host_ptrs,
+                                      const i64* __restrict__ payload_ptrs, int n_layers, int batch, int Kk, int B,
+                                      unsigned row_bytes, const i64* s_off, const i64* s_soff, i64 n_copies,
+                                      int cblock, int ncblocks, const typename Vec<W>::T (&pre)[U], bool have_pre) {
     using V = typename Vec<W>::T;
     const I vpr = (I)(row_bytes / W);
     const I per_layer = (I)n_copies * vpr, total = per_layer * (I)n_layers;
@@ -209,9 +209,9 @@ __device__ __forceinline__ TmaCopy tma_copy(const i64* misses, const i64* host_p
 }
 
 __device__ TMA_CALL void copy_rows_tma(const TmaCopy& t, bool preloaded, int B, const i64* __restrict__ table,
-                              const i32* __restrict__ victims, const i64* __restrict__ summary,
-                              const i64* __restrict__ stage_locs, const i64* __restrict__ payload_ptrs,
-                              const i64* s_soff) {
+                                       const i32* __restrict__ victims, const i64* __restrict__ summary,
+                                       const i64* __restrict__ stage_locs, const i64* __restrict__ payload_ptrs,
+                                       const i64* s_soff) {
     if ((threadIdx.x >> 5) >= TMA_WARPS) return;  // whole warps
     const int lane = threadIdx.x & 31;
     if (!preloaded) t.start();

@@ -101,13 +101,6 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
     }
 }
 
-// shared layout of resolve_lookup (dynamic), Wp = W rounded up to a multiple of 4, Hp =
-// Bp / 32: miss bitmap [Wp] u32, hit bitmap over the slots [Hp] u32, miss prefix [Wp] u16,
-// then LRU keys [Bp] u64 (the bitmaps move in 16-byte groups); with hits = 1 (the rank form,
-// resolver_rank.cuh) also the held-row bitmap [Wp] u32 (at the next 16-byte boundary) and
-// its prefix [Wp] u16, and the held rows' entries by rank in the keys' place until pass 1 ends.
-// UL: slot groups per thread in the victim keys; entry loops run G groups (G * NT >= K * k
-// where possible: a group past the last entry would still cost its instructions).
 // The victims by sorting every key (select_mode 0, or more victims than the radix select
 // takes): off the path of most calls. Diagnostic build RESOLVER_SORT_NOINLINE keeps it a
 // function of its own (bench/resolver/tma_cost.py).
@@ -121,6 +114,13 @@ void lookup_sort(unsigned long long* keys, int Bp) {
     else sort_smem(keys, Bp);
 }
 
+// shared layout of resolve_lookup (dynamic), Wp = W rounded up to a multiple of 4, Hp =
+// Bp / 32: miss bitmap [Wp] u32, hit bitmap over the slots [Hp] u32, miss prefix [Wp] u16,
+// then LRU keys [Bp] u64 (the bitmaps move in 16-byte groups); with hits = 1 (the rank form,
+// resolver_rank.cuh) also the held-row bitmap [Wp] u32 (at the next 16-byte boundary) and
+// its prefix [Wp] u16, and the held rows' entries by rank in the keys' place until pass 1 ends.
+// UL: slot groups per thread in the victim keys; entry loops run G groups (G * NT >= K * k
+// where possible: a group past the last entry would still cost its instructions).
 template <int UL, bool RANK>
 __device__ __forceinline__ void lookup_body(
     const i64* __restrict__ table, const i64* __restrict__ sel, const i64* __restrict__ visible,

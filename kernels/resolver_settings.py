@@ -174,7 +174,7 @@ def copy_tma(tma: bool | None, row_bytes: int, width: int, capability: tuple[int
     shared memory or the carveout (bench/resolver/tma_cost.py, eff1103 / d07a4c9, same
     rounds: the plain kernel given the same shared memory +0.1-0.2 us, the TMA kernel
     without any +1.4-1.5; without the preload's TMA branch, code a call without misses never
-    runs, +0.3-0.8; with the TMA copies out of line, as built now, +0.9-1.6)."""
+    runs, -0.1 to +0.8; with the TMA copies out of line, as built now, +0.9-1.6)."""
     value = os.environ.get("DHISPARSE_COPY_TMA", "0") if tma is None else str(int(tma))
     name = "DHISPARSE_COPY_TMA" if tma is None else "tma"
     if value not in COPY_TMA:

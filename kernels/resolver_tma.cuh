@@ -3,7 +3,7 @@
 // Row copies by the tensor memory accelerator (sm_90): cp.async.bulk of a whole row from
 // mapped host memory into shared memory (completion counted on an mbarrier), then
 // cp.async.bulk of the row from shared memory to device memory. Sizes and both addresses
-// must be multiples of 16 bytes. Used by the commit's miss copies (resolver_commit.cu
+// must be multiples of 16 bytes. Used by the commit's miss copies (resolver_copy.cuh
 // copy_rows_tma) when the rows are whole 128-byte lines: isolated 1152 B rows read at
 // 90-92% of the pinned memcpy against 84-88% by 16-byte loads (H200, a0f94ab,
 // bench/bench_host_gather.py --variants, bench/README.md "Host memory").

@@ -89,6 +89,15 @@ def fill_random(host: torch.Tensor, dev: torch.device, chunk: int = 1 << 30) -> 
     torch.cuda.synchronize()
 
 
+def windows_of(S: int, B: int, k: int, m: int, cold: bool) -> int:
+    """``State.windows`` of a state of ``S``-row requests and ``B`` hot slots, before one
+    is built: the rows below the tail, less the ``B`` resident ones where calls are warm."""
+    tail_lo = (S - 1) // PAGE_ROWS * PAGE_ROWS
+    if cold:
+        return tail_lo // k
+    return (tail_lo - B) // m if m else 1 << 30
+
+
 class State:
     """Hot caches of P requests (one tensor per field, a row per request) and their tables."""
 
@@ -122,9 +131,7 @@ class State:
     def windows(self, k: int, m: int, cold: bool) -> int:
         """Calls (of ``k``-row selections, ``m`` never-read rows per request) this state
         serves before a row is read twice: cold calls take ``k`` rows of any kind."""
-        if cold:
-            return self.tail_lo // k
-        return self.nonres.shape[1] // m if m else 1 << 30
+        return windows_of(self.S, self.B, k, m, cold)
 
     def table(self, bs: int) -> torch.Tensor:
         rows = [

@@ -25,7 +25,7 @@ import torch
 
 from bench.common import Flusher, environment, time_gpu, write_json
 from bench.resolver.case import Case
-from bench.resolver.pool import State, alloc_host, fill_random, missed_rows
+from bench.resolver.pool import State, alloc_host, fill_random, missed_rows, windows_of
 
 # name: (tma, the lookup's carveout, the commit's carveout (-1 = the driver's choice, 0 = the
 # most L1, 100 = the most shared memory), the commit's dynamic shared bytes (None = the
@@ -51,16 +51,21 @@ VARIANTS = {
 
 class Launches:
     """Wraps ``kernels.resolver``'s two launch functions (the lookup goes out by ``launch``,
-    the commit -- ``Case``: dependent -- by the other): sets each kernel's carveout and
-    replaces the commit's dynamic shared memory as the variant says."""
+    the commit -- ``Case``: dependent -- by the other) and its ``defines``: sets each
+    kernel's carveout, replaces the commit's dynamic shared memory and adds compile flags as
+    the variant says. ``end_variant`` undoes a variant's opt-ins to more shared memory (the
+    kernels are cached: the next variant gets them as loaded); ``restore`` unwraps."""
 
     def __init__(self, kres) -> None:
         self.kres = kres
-        self.launch, self.dependent = kres.launch, kres.launch_dependent
+        self.launch, self.dependent, self.defines = kres.launch, kres.launch_dependent, kres.defines
         self.lookup_carveout = self.commit_carveout = -1
         self.shared: int | None = None
+        self.flags: tuple[str, ...] = ()
+        self.opted: dict[object, int] = {}  # kernel -> its max dynamic shared bytes before
         kres.launch = self._wrap(self.launch, False)
         kres.launch_dependent = self._wrap(self.dependent, True)
+        kres.defines = lambda: self.defines() + self.flags
 
     def _wrap(self, inner, commit: bool):
         def launch(fn, grid, block, args, shared=0):
@@ -68,11 +73,31 @@ class Launches:
                                                    else self.lookup_carveout)
             if commit and self.shared is not None:
                 shared = self.shared
-                if shared > 48 * 1024:  # the plain kernel given the TMA kernel's buffers
-                    fn.max_dynamic_shared_size_bytes = max(fn.max_dynamic_shared_size_bytes,
-                                                           shared)
+                if shared > fn.max_dynamic_shared_size_bytes:  # the plain kernel given the
+                    self.opted.setdefault(fn, fn.max_dynamic_shared_size_bytes)  # TMA buffers
+                    fn.max_dynamic_shared_size_bytes = shared
             return inner(fn, grid, block, args, shared)
         return launch
+
+    def end_variant(self) -> None:
+        for fn, before in self.opted.items():
+            fn.max_dynamic_shared_size_bytes = before
+        self.opted.clear()
+
+    def restore(self) -> None:
+        self.end_variant()
+        self.kres.launch, self.kres.launch_dependent = self.launch, self.dependent
+        self.kres.defines = self.defines
+
+
+DEFAULT_VARIANTS = ("plain", "tma", "tma_inline", "tma_no_preload", "plain_copy_noinline",
+                    "tma_copy_noinline")
+
+
+def windows_needed(names: list[str], reps: int, misses: bool) -> int:
+    """Row windows one case takes in a round: every variant that runs it (variants without
+    misses_ok skip cases with misses) takes reps + 2 warm-up calls + 1 check."""
+    return sum(reps + 3 for n in names if VARIANTS[n][5] or not misses)
 
 
 def main() -> None:
@@ -80,7 +105,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--item", type=int, default=1152)
     ap.add_argument("--cases", default="1:hit100,32:hit100,160:hit100,32:miss20,160:miss20")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
@@ -91,55 +117,63 @@ def main() -> None:
     cases = [(int(b), p) for b, p in (c.split(":") for c in args.cases.split(","))]
     names = args.variants.split(",")
     P, S, k, B, item = max(b for b, _ in cases), 100_000, 2048, 4096, args.item
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
+    for prof in {p for _, p in cases}:  # no call reads a row an earlier one of its round read
+        m, n = missed_rows(prof, k), sum(p == prof for _, p in cases)
+        need, have = n * windows_needed(names, args.reps, m > 0), windows_of(S, B, k, m, False)
+        if need > have:
+            raise SystemExit(f"{prof}: {n} case(s) x these variants x (--reps {args.reps} + 3) "
+                             f"calls need {need} row windows a round, a state has {have}")
     host, how = alloc_host(P * S * item)
     fill_random(host, dev)
-    pool = None
     flush = Flusher(dev)
-    wrap = Launches(kres)
-    base_defines = kres.defines
     rec = {"environment": environment(), "host_alloc": how, "item_bytes": item, "top_k": k,
            "hot_buffer": B, "reps": args.reps, "variants": {n: list(map(str, VARIANTS[n]))
                                                             for n in names}, "results": []}
     t0 = time.time()
-    for rnd in range(args.rounds):
-        st = State(P, S, B, dev)  # a fresh row order per round: fresh windows
-        pool = torch.empty(st.pool_rows, item, dtype=torch.uint8, device=dev)
-        used: dict[tuple[int, str], int] = {}
-        for bs, prof in cases:
-            m = missed_rows(prof, k)
-            case = Case(st, host, pool, item, bs, 1, k, m, False)
-            for name in names:
-                tma, lookup_cv, commit_cv, shared, flags, misses_ok = VARIANTS[name]
-                if m and not misses_ok:
-                    continue
-                wrap.lookup_carveout, wrap.commit_carveout = lookup_cv, commit_cv
-                wrap.shared = (64 * item if shared == "tma" else shared)
-                kres.defines = (lambda f=flags: base_defines() + f)
-                case.tma = tma
-                off = used.get((bs, prof), 0)
-                n = args.reps + 3
-                used[(bs, prof)] = off + n
-                ok = case.check(off)["ok"]
-                ts = time_gpu(lambda i, o=off, c=case: c.call(i + o + 1), args.reps, 2,
-                              before=lambda i, o=off, c=case: c.before(i + o + 1), flush=flush)
-                us = statistics.median(ts)
-                rec["results"].append({"round": rnd, "batch": bs, "profile": prof,
-                                       "variant": name, "ok": ok, "us": us,
-                                       "us_all": [round(t, 2) for t in ts]})
-                print(f"round {rnd} bs={bs:3d} {prof:6s} {name:22s} us={us:8.1f} ok={ok} "
-                      f"({time.time() - t0:.0f}s)", flush=True)
-                write_json(args.out, rec)
-            del case
-        del st
-    kres.defines = base_defines
-    # the commit kernels' registers and spills as loaded (the plain one, the TMA one)
+    wrap = Launches(kres)
+    try:
+        for rnd in range(args.rounds):
+            st = State(P, S, B, dev)  # a fresh row order per round: fresh windows
+            pool = torch.empty(st.pool_rows, item, dtype=torch.uint8, device=dev)
+            offs = dict.fromkeys((p for _, p in cases), 0)  # next window, by profile
+            for bs, prof in cases:
+                m = missed_rows(prof, k)
+                case, off = Case(st, host, pool, item, bs, 1, k, m, False), offs[prof]
+                for name in names:
+                    tma, lookup_cv, commit_cv, shared, flags, misses_ok = VARIANTS[name]
+                    if m and not misses_ok:
+                        continue
+                    wrap.lookup_carveout, wrap.commit_carveout = lookup_cv, commit_cv
+                    wrap.shared = kres.TMA_ROWS * item if shared == "tma" else shared
+                    wrap.flags, case.tma = flags, tma
+                    ok = case.check(off)["ok"]
+                    ts = time_gpu(lambda i, o=off, c=case: c.call(i + o + 1), args.reps, 2,
+                                  before=lambda i, o=off, c=case: c.before(i + o + 1),
+                                  flush=flush)
+                    off += args.reps + 3
+                    wrap.end_variant()
+                    us = statistics.median(ts)
+                    rec["results"].append({"round": rnd, "batch": bs, "profile": prof,
+                                           "variant": name, "ok": ok, "us": us,
+                                           "us_all": [round(t, 2) for t in ts]})
+                    print(f"round {rnd} bs={bs:3d} {prof:6s} {name:22s} us={us:8.1f} ok={ok} "
+                          f"({time.time() - t0:.0f}s)", flush=True)
+                    write_json(args.out, rec)
+                offs[prof] = off
+                del case
+            del st, pool
+    finally:
+        wrap.restore()
+    # the commit kernels' registers and spills as loaded (the plain one, the TMA one; W 16)
     for fn_name in ("resolve_commit_16", "resolve_commit_16_tma"):
-        fn = kernel("resolver", fn_name, 0, fn_name.endswith("tma"), base_defines())
+        fn = kernel("resolver", fn_name, 0, fn_name.endswith("tma"), kres.defines())
         rec.setdefault("kernels", {})[fn_name] = {
             "num_regs": fn.num_regs, "local_size_bytes": fn.local_size_bytes,
             "shared_size_bytes": fn.shared_size_bytes}
     write_json(args.out, rec)
-
 
 if __name__ == "__main__":
     main()

@@ -6,7 +6,10 @@ from __future__ import annotations
 import re
 import types
 
-from bench.resolver.tma_cost import VARIANTS, Launches
+import torch
+
+from bench.resolver.pool import State, missed_rows, windows_of
+from bench.resolver.tma_cost import DEFAULT_VARIANTS, VARIANTS, Launches, windows_needed
 from kernels._loader import source
 
 
@@ -19,6 +22,23 @@ def test_every_diagnostic_build_names_a_switch_of_the_resolver_source() -> None:
         assert re.search(rf"#\s*if(n?def)?\s+{name}\b", src), f"{name}: not in the source"
 
 
+def test_the_default_variants_read_fresh_rows_in_every_call_of_a_round() -> None:
+    m = missed_rows("miss20", 2048)
+    have = windows_of(100_000, 4096, 2048, m, False)
+    # two 20%-miss cases a round (batch 32 and 160), 15 timed calls each
+    assert 2 * windows_needed(list(DEFAULT_VARIANTS), 15, True) <= have
+    assert 2 * windows_needed(list(VARIANTS), 15, True) > have  # all of them would not fit
+    assert windows_needed(["tma_no_shared"], 15, True) == 0  # runs no case with misses
+    assert windows_needed(["tma_no_shared"], 15, False) == 18
+
+
+def test_windows_of_is_what_a_state_has() -> None:
+    st = State(2, 1000, 64, torch.device("cpu"))
+    for k, m, cold in ((64, 13, False), (64, 0, False), (64, 64, True), (128, 100, False)):
+        assert windows_of(1000, 64, k, m, cold) == st.windows(k, m, cold)
+    assert st.nonres.shape[1] // 13 == windows_of(1000, 64, 64, 13, False)
+
+
 class _Fn:
     def __init__(self) -> None:
         self.preferred_shared_memory_carveout = -1
@@ -28,10 +48,13 @@ class _Fn:
 def test_the_wrapper_sets_carveouts_apart_and_the_commits_shared_memory_only() -> None:
     calls = []
     kres = types.SimpleNamespace(
+        defines=lambda: (),
         launch=lambda fn, grid, block, args, shared=0: calls.append(("lookup", shared)),
         launch_dependent=lambda fn, grid, block, args, shared=0: calls.append(("commit", shared)),
     )
     wrap = Launches(kres)
+    wrap.flags = ("-DX",)
+    assert kres.defines() == ("-DX",)
     wrap.lookup_carveout, wrap.commit_carveout, wrap.shared = 0, 100, 64 * 1152
     lookup, commit = _Fn(), _Fn()
     kres.launch(lookup, (1,), (1024,), (), 5000)
@@ -41,6 +64,11 @@ def test_the_wrapper_sets_carveouts_apart_and_the_commits_shared_memory_only() -
     assert commit.preferred_shared_memory_carveout == 100
     assert commit.max_dynamic_shared_size_bytes == 64 * 1152  # opted in past 48 KB
     assert lookup.max_dynamic_shared_size_bytes == 48 * 1024
+    wrap.end_variant()  # the opt-in undone: the next variant gets the kernel as loaded
+    assert commit.max_dynamic_shared_size_bytes == 48 * 1024
     wrap.shared = None  # the wrapper's own
     kres.launch_dependent(commit, (1,), (512,), (), 123)
     assert calls[-1] == ("commit", 123)
+    launch = kres.launch
+    wrap.restore()
+    assert kres.launch is not launch and kres.defines() == ()
