@@ -18,7 +18,7 @@ import torch
 
 from services.common.errors import FailedPrecondition
 from services.decode import hierarchy as ref
-from services.decode.hierarchy.invariants import assert_exact
+from services.decode.hierarchy.invariants import assert_exact, assert_hot_rank
 from tests.hierarchy.harness import Harness, assert_same, snapshot
 
 
@@ -41,11 +41,13 @@ def test_cpu_group_falls_back_to_the_reference() -> None:
 # -- GPU ------------------------------------------------------------------------------
 def make_pair(
     seed: int, batch: int, k_queries: int, hot: int, staging: int, row_bytes: int, layers: int = 2,
-    imported_range: tuple[int, int] = (1, 300),
+    imported_range: tuple[int, int] = (1, 300), ref_device: str = "cuda",
 ) -> tuple[Harness, Harness, list[str]]:
     """Adaptive groups: every request's history (``imported_range`` rows) is admitted to
     optional pages, backed up, then a random ~70% of its pages retired, so selections hit the
-    tail, ready optional pages, and host rows (through the hot cache) alike."""
+    tail, ready optional pages, and host rows (through the hot cache) alike. The first group
+    is on ``ref_device`` (REF_DEVICE where it is the reference: its per-request torch ops
+    cost no GPU round trips there), the second on the GPU."""
     p, tail = 8, 8 + k_queries
     rng = random.Random(seed)
     required = -(-hot // p) + -(-tail // p)
@@ -59,11 +61,11 @@ def make_pair(
         max_requests=batch,
     )
     pair = []
-    for _ in range(2):
+    for device in (ref_device, "cuda"):
         h = Harness(
-            "cuda", policy="adaptive", layers=layers, row_bytes=row_bytes, seed=seed, **sizes
+            device, policy="adaptive", layers=layers, row_bytes=row_bytes, seed=seed, **sizes
         )
-        h.provider.pin = True  # host rows page-locked: the kernels read them in place
+        h.provider.pin = device == "cuda"  # host rows page-locked: the kernels read them in place
         pair.append(h)
     rids = [f"r{b}" for b in range(batch)]
     for b, rid in enumerate(rids):
@@ -122,8 +124,9 @@ def run_both(h_ref: Harness, h_k: Harness, rids, sel, copy_layers: tuple = ()) -
     outcome = []
     kernel = functools.partial(dropin.resolve, copy_layers=copy_layers)
     for h, res in ((h_ref, ref.resolve), (h_k, kernel)):
+        dev = h.group.device
         try:
-            outcome.append(res(h.group, rids, sel.clone(), vis.clone()))
+            outcome.append(res(h.group, rids, sel.to(dev, copy=True), vis.to(dev, copy=True)))
         except Exception as exc:  # both must fail the same way, with nothing changed
             outcome.append(exc)
     return tuple(outcome)
@@ -160,11 +163,27 @@ def check_round(
             assert n_ref == dropin.apply_copies(h_k.group, p_k, layer)
     torch.cuda.synchronize()
     assert dataclasses.asdict(p_ref.counts) == dataclasses.asdict(p_k.counts)
-    assert_same(snapshot(h_ref), snapshot(h_k))
-    assert_exact(h_k.group, h_k.truth, p_k, sel)
-    h_k.check()
+    check_pair(h_ref, h_k, p_ref, sel)
     return p_k
 
+
+def check_pair(h_ref: Harness, h_k: Harness, plan: ref.ResolvePlan | None = None,
+               sel: torch.Tensor | None = None) -> None:
+    """The kernel side's state is the reference's (every field a snapshot holds, payload
+    bytes included), and it holds the invariants: checked on the reference's copy of that
+    state (on the CPU where REF_DEVICE puts it: the per-request checks cost no GPU round
+    trips), with the plan's locations (equal on both sides) exact; the hot_rank caches, state
+    only the CUDA lookup keeps and a snapshot leaves out, on the kernel side itself."""
+    assert_same(snapshot(h_ref), snapshot(h_k))
+    if plan is not None:
+        assert_exact(h_ref.group, h_ref.truth, plan, sel.to(h_ref.group.device))
+    h_ref.check()
+    for state in h_k.group.requests.values():
+        assert_hot_rank(state)
+
+
+# where the reference group of a kernel test runs (make_pair's ref_device)
+REF_DEVICE = "cpu"
 
 CASES = [  # batch, K, k, hot slots, staging rows, row bytes
     (1, 1, 16, 8, 64, 656),
@@ -192,7 +211,8 @@ def test_fused_resolver_matches_reference(
     monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", hits)  # auto: rank above the SM count
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)  # fresh inputs every run; printed on failure
-    h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes,
+                                 ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(seed)
     fracs = [0.0, 1.0, 0.98, 0.8, 0.5, 1.0, -1.0, 0.0, 0.9]  # -1: direct lookups (tail only)
     promoted: list[int] = []
@@ -208,8 +228,7 @@ def test_fused_resolver_matches_reference(
                 h.group.readers_finished()
                 promoted.append(release(h.group))
             assert promoted[-2] == promoted[-1]
-            assert_same(snapshot(h_ref), snapshot(h_k))
-            h_k.check()
+            check_pair(h_ref, h_k)
 
 
 @pytest.mark.gpu
@@ -225,7 +244,8 @@ def test_fused_resolver_long_histories_many_entries_and_slots(k: int, monkeypatc
 
     monkeypatch.setenv("DHISPARSE_COMMIT_PARTS", "auto")
     seed = random.randrange(1 << 30)
-    h_ref, h_k, rids = make_pair(seed, 2, 2, 4100, 8192, 16, imported_range=(132_000, 140_000))
+    h_ref, h_k, rids = make_pair(seed, 2, 2, 4100, 8192, 16, imported_range=(132_000, 140_000),
+                                 ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(seed)
 
     def one_round(hit_frac: float) -> int:
@@ -271,7 +291,7 @@ def test_victims_follow_lru_order_whatever_the_stamps(pattern: str, select: str,
     monkeypatch.setenv("DHISPARSE_VICTIM_SELECT", select)
     seed = random.randrange(1 << 30)
     h_ref, h_k, rids = make_pair(seed, 3, 2, 600, 4096, 16, layers=1,
-                                 imported_range=(2000, 3000))
+                                 imported_range=(2000, 3000), ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(seed)
     check_round(h_ref, h_k, rids, selections(h_ref, rids, 2, 300, 0.0, gen))  # fill the caches
     for rnd in range(3):
@@ -309,7 +329,8 @@ def test_commit_copies_layers_like_apply_copies(
     monkeypatch.setenv("DHISPARSE_COMMIT_PARTS", parts)
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)
-    h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes,
+                                 ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(seed)
     copied = 0
     for rnd, hit_frac in enumerate([0.0, 0.8, 1.0, 0.5, 0.0]):
@@ -361,7 +382,8 @@ def test_commit_copies_by_tma_or_by_loads_alike(case: tuple, tma: str, copy_bloc
     names = commit_kernels(monkeypatch)
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)
-    h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    h_ref, h_k, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes,
+                                 ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(seed)
     copied = 0
     for rnd, hit_frac in enumerate([0.0, 0.8, 0.5, 0.0]):
@@ -382,7 +404,8 @@ def test_the_tma_kernel_copies_calls_below_its_rows_by_loads(monkeypatch) -> Non
     monkeypatch.setenv("DHISPARSE_COPY_TMA", "auto")
     names = commit_kernels(monkeypatch)
     seed = random.randrange(1 << 30)
-    h_ref, h_k, rids = make_pair(seed, 32, 2, 64, 4096, 128)  # 32 x 2 x 64 x 2 layers
+    # 32 x 2 x 64 x 2 layers
+    h_ref, h_k, rids = make_pair(seed, 32, 2, 64, 4096, 128, ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(seed)
     copied = 0
     for hit_frac in (0.8, 0.5, 0.9):  # at most half the 8192 entries miss
@@ -398,7 +421,7 @@ def test_the_tma_kernel_copies_calls_below_its_rows_by_loads(monkeypatch) -> Non
 
 @pytest.mark.gpu
 def test_identical_queries_copy_each_row_once() -> None:
-    h_ref, h_k, rids = make_pair(7, 4, 8, 64, 1024, 656)
+    h_ref, h_k, rids = make_pair(7, 4, 8, 64, 1024, 656, ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(7)
     sel = selections(h_ref, rids, 8, 48, 0.0, gen, same_queries=True)
     plan = check_round(h_ref, h_k, rids, sel)
