@@ -13,11 +13,13 @@ the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inli
 lookup's sort of every key not inlined (``-DRESOLVER_SORT_NOINLINE``).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
+    python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -100,9 +102,46 @@ def windows_needed(names: list[str], reps: int, misses: bool) -> int:
     return sum(reps + 3 for n in names if VARIANTS[n][5] or not misses)
 
 
+def differences(rec: dict, base: str = "plain") -> dict[str, dict[tuple[int, str], float]]:
+    """Per variant other than ``base``: the mean over rounds of its µs minus ``base``'s in
+    the same round, by case (batch, profile); rounds or cases without both are left out."""
+    us = {(r["round"], r["batch"], r["profile"], r["variant"]): r["us"] for r in rec["results"]}
+    out: dict[str, dict[tuple[int, str], list[float]]] = {}
+    for (rnd, bs, prof, name), t in us.items():
+        if name != base and (rnd, bs, prof, base) in us:
+            out.setdefault(name, {}).setdefault((bs, prof), []).append(
+                t - us[(rnd, bs, prof, base)])
+    return {n: {c: sum(d) / len(d) for c, d in cases.items()} for n, cases in out.items()}
+
+
+def differences_md(rec: dict, base: str = "plain") -> str:
+    """``differences`` as a markdown table: a row per variant, a column per case (in the
+    order the results hold them), µs against ``base`` in the same round."""
+    cases = list(dict.fromkeys((r["batch"], r["profile"]) for r in rec["results"]))
+    diffs = differences(rec, base)
+    head = " | ".join(f"{p}, batch {b}" for b, p in cases)
+    lines = [f"| variant (µs against {base}) | {head} |", "|---|" + "---|" * len(cases)]
+    for name, by_case in diffs.items():
+        cells = " | ".join(f"{by_case[c]:+.1f}" if c in by_case else "-" for c in cases)
+        lines.append(f"| {name} | {cells} |")
+    return "\n".join(lines)
+
+
+def print_md(text: str) -> None:
+    try:
+        from rich.console import Console
+        from rich.markdown import Markdown
+
+        Console(width=160).print(Markdown(text))
+    except ImportError:
+        print(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="JSON to write (required unless --summary)")
+    ap.add_argument("--summary", metavar="JSON",
+                    help="print the differences table of an earlier run's JSON and exit")
     ap.add_argument("--item", type=int, default=1152)
     ap.add_argument("--cases", default="1:hit100,32:hit100,160:hit100,32:miss20,160:miss20")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
@@ -110,6 +149,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
+    if args.summary:
+        with open(args.summary) as f:
+            print_md(differences_md(json.load(f)))
+        return
+    if not args.out:
+        ap.error("--out is required (or --summary JSON)")
     from kernels import resolver as kres
     from kernels._loader import kernel
 
@@ -173,6 +218,9 @@ def main() -> None:
         rec.setdefault("kernels", {})[fn_name] = {
             "num_regs": fn.num_regs, "local_size_bytes": fn.local_size_bytes,
             "shared_size_bytes": fn.shared_size_bytes}
+    if "plain" in names:
+        rec["differences_md"] = differences_md(rec)
+        print_md(rec["differences_md"])
     write_json(args.out, rec)
 
 if __name__ == "__main__":

@@ -3,13 +3,22 @@ source, and its launch wrapper sets what each variant says on the right launch."
 
 from __future__ import annotations
 
+import json
 import re
 import types
+from pathlib import Path
 
 import torch
 
 from bench.resolver.pool import State, missed_rows, windows_of
-from bench.resolver.tma_cost import DEFAULT_VARIANTS, VARIANTS, Launches, windows_needed
+from bench.resolver.tma_cost import (
+    DEFAULT_VARIANTS,
+    VARIANTS,
+    Launches,
+    differences,
+    differences_md,
+    windows_needed,
+)
 from kernels._loader import source
 
 
@@ -72,3 +81,26 @@ def test_the_wrapper_sets_carveouts_apart_and_the_commits_shared_memory_only() -
     launch = kres.launch
     wrap.restore()
     assert kres.launch is not launch and kres.defines() == ()
+
+
+def test_differences_pair_each_variant_with_the_base_of_its_own_round() -> None:
+    rec = {"results": [
+        {"round": 0, "batch": 1, "profile": "hit100", "variant": "plain", "us": 10.0},
+        {"round": 0, "batch": 1, "profile": "hit100", "variant": "tma", "us": 12.0},
+        {"round": 1, "batch": 1, "profile": "hit100", "variant": "plain", "us": 20.0},
+        {"round": 1, "batch": 1, "profile": "hit100", "variant": "tma", "us": 21.0},
+        {"round": 1, "batch": 32, "profile": "miss20", "variant": "tma", "us": 5.0},  # no base
+    ]}
+    assert differences(rec) == {"tma": {(1, "hit100"): 1.5}}
+    md = differences_md(rec).splitlines()
+    assert md[0] == "| variant (µs against plain) | hit100, batch 1 | miss20, batch 32 |"
+    assert md[2] == "| tma | +1.5 | - |"
+
+
+def test_the_summary_of_a_committed_run_is_the_readme_s_table() -> None:
+    with open(Path(__file__).parents[2] / "bench/results/tma_cost_eff1103.json") as f:
+        diffs = differences(json.load(f))
+    # bench/README.md "Runs 58-65", run 60
+    assert round(diffs["tma"][(1, "hit100")], 1) == 1.2
+    assert round(diffs["tma_inline"][(32, "hit100")], 1) == 1.5
+    assert round(diffs["plain_copy_noinline"][(160, "miss20")], 1) == 156.9
