@@ -101,19 +101,6 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
     }
 }
 
-// The victims by sorting every key (select_mode 0, or more victims than the radix select
-// takes): off the path of most calls. Diagnostic build RESOLVER_SORT_NOINLINE keeps it a
-// function of its own (bench/resolver/tma_cost.py).
-#ifdef RESOLVER_SORT_NOINLINE
-__device__ __noinline__
-#else
-__device__ __forceinline__
-#endif
-void lookup_sort(unsigned long long* keys, int Bp) {
-    if (Bp == SORT_N) sort_registers(keys);
-    else sort_smem(keys, Bp);
-}
-
 // shared layout of resolve_lookup (dynamic), Wp = W rounded up to a multiple of 4, Hp =
 // Bp / 32: miss bitmap [Wp] u32, hit bitmap over the slots [Hp] u32, miss prefix [Wp] u16,
 // then LRU keys [Bp] u64 (the bitmaps move in 16-byte groups); with hits = 1 (the rank form,
@@ -368,7 +355,8 @@ __device__ __forceinline__ void lookup_body(
                                ((unsigned long long)kbits[1] << 32) | kbits[0],
                                ((unsigned long long)kbits[3] << 32) | kbits[2], select_mode == 1);
             } else {
-                lookup_sort(keys, Bp);
+                if (Bp == SORT_N) sort_registers(keys);
+                else sort_smem(keys, Bp);
                 for (int i = threadIdx.x; i < (int)nv; i += NT)
                     victims[(i64)b * B + i] = (i32)(keys[i] & 0xFFFFFull);
             }

@@ -9,8 +9,7 @@ launch asks for (the TMA kernel's row buffers, or none where a call has no misse
 buffers' size given to the plain kernel that never uses them); the TMA kernel built without
 its preload branch (``-DRESOLVER_NO_TMA_PRELOAD``: the rows then go out after the lookup);
 the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inlined
-(``-DRESOLVER_COPY_NOINLINE``, or only their 64-bit form: ``-DRESOLVER_WIDE_NOINLINE``), the
-lookup's sort of every key not inlined (``-DRESOLVER_SORT_NOINLINE``).
+(``-DRESOLVER_COPY_NOINLINE``, or only their 64-bit form: ``-DRESOLVER_WIDE_NOINLINE``).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -41,10 +40,7 @@ VARIANTS = {
     "tma_inline": (True, -1, -1, None, ("-DRESOLVER_TMA_INLINE",), True),
     "plain_copy_noinline": (False, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True),
     "tma_copy_noinline": (True, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True),
-    "plain_sort_noinline": (False, -1, -1, None, ("-DRESOLVER_SORT_NOINLINE",), True),
     "plain_wide_noinline": (False, -1, -1, None, ("-DRESOLVER_WIDE_NOINLINE",), True),
-    "plain_sort_wide_noinline": (False, -1, -1, None, ("-DRESOLVER_SORT_NOINLINE",
-                                                       "-DRESOLVER_WIDE_NOINLINE"), True),
     "plain_commit_carveout100": (False, -1, 100, None, (), True),
     "tma_lookup_carveout0": (True, 0, -1, None, (), True),
     "plain_lookup_carveout0": (False, 0, -1, None, (), True),

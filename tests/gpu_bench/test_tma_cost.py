@@ -41,11 +41,13 @@ def test_the_default_variants_read_fresh_rows_in_every_call_of_a_round() -> None
     assert windows_needed(["tma_no_shared"], 15, False) == 18
 
 
-def test_windows_of_is_what_a_state_has() -> None:
+def test_windows_of_counts_the_rows_a_state_draws_from() -> None:
     st = State(2, 1000, 64, torch.device("cpu"))
-    for k, m, cold in ((64, 13, False), (64, 0, False), (64, 64, True), (128, 100, False)):
-        assert windows_of(1000, 64, k, m, cold) == st.windows(k, m, cold)
-    assert st.nonres.shape[1] // 13 == windows_of(1000, 64, 64, 13, False)
+    for k, m in ((64, 13), (128, 100), (64, 936)):  # warm: m never-read rows a call
+        assert windows_of(1000, 64, k, m, False) == st.nonres.shape[1] // m
+    for k in (64, 100):  # cold: k rows of any kind a call
+        assert windows_of(1000, 64, k, k, True) == st.cold_order.shape[1] // k
+    assert windows_of(1000, 64, 64, 0, False) == 1 << 30  # no never-read rows needed
 
 
 class _Fn:
