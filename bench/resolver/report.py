@@ -59,14 +59,19 @@ def table(rec: dict) -> str:
     return "\n".join(lines)
 
 
-def print_table(rec: dict) -> None:
+def print_md(text: str) -> None:
+    """A markdown table on the terminal: drawn by rich where it is installed, else as text."""
     try:
         from rich.console import Console
         from rich.markdown import Markdown
 
-        Console(width=160).print(Markdown(rec["table_md"]))
+        Console(width=160).print(Markdown(text))
     except ImportError:
-        print(rec["table_md"])
+        print(text)
+
+
+def print_table(rec: dict) -> None:
+    print_md(rec["table_md"])
     print(json.dumps({k: rec.get(k) for k in ("ceiling", "fit", "peer_ceiling")}, default=str))
     if "k8_identical" in rec:
         k8 = rec["k8_identical"]

@@ -27,6 +27,7 @@ import torch
 from bench.common import Flusher, environment, time_gpu, write_json
 from bench.resolver.case import Case
 from bench.resolver.pool import State, alloc_host, fill_random, missed_rows, windows_of
+from bench.resolver.report import print_md
 
 # name: (tma, the lookup's carveout, the commit's carveout (-1 = the driver's choice, 0 = the
 # most L1, 100 = the most shared memory), the commit's dynamic shared bytes (None = the
@@ -121,16 +122,6 @@ def differences_md(rec: dict, base: str = "plain") -> str:
         cells = " | ".join(f"{by_case[c]:+.1f}" if c in by_case else "-" for c in cases)
         lines.append(f"| {name} | {cells} |")
     return "\n".join(lines)
-
-
-def print_md(text: str) -> None:
-    try:
-        from rich.console import Console
-        from rich.markdown import Markdown
-
-        Console(width=160).print(Markdown(text))
-    except ImportError:
-        print(text)
 
 
 def main() -> None:
