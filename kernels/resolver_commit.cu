@@ -3,6 +3,61 @@
 #include "resolver_common.cuh"
 #include "resolver_copy.cuh"
 
+// The commit's copy offsets (exclusive, [0, batch]): of the copies and of the staging rows;
+// at namespace scope so that copy_block, where it is not inlined, still reads them as shared
+// memory (the copy loop's binary search reads them for every item)
+__shared__ i64 c_off[MAXB + 1], c_soff[MAXB + 1];
+
+// A copy block of the commit launch once the lookup grid ended, in a call with copies: its
+// share of the miss copies (copy_share), by loads or, in the TMA kernel from tma_min_rows
+// rows on, by the tensor memory accelerator. Inlined; the diagnostic build
+// RESOLVER_COPYBLOCK_NOINLINE keeps it a function of its own, off the path of calls without
+// misses (bench/resolver/tma_cost.py).
+#ifdef RESOLVER_COPYBLOCK_NOINLINE
+#define COPYBLOCK_CALL __noinline__
+#else
+#define COPYBLOCK_CALL __forceinline__
+#endif
+template <int W, bool TMA>
+__device__ COPYBLOCK_CALL void copy_block(const i64* __restrict__ table, const i64* __restrict__ misses,
+                                          const i32* __restrict__ victims, const i64* __restrict__ summary,
+                                          const i64* __restrict__ totals, const i64* __restrict__ stage_locs,
+                                          const i64* __restrict__ host_ptrs, const i64* __restrict__ payload_ptrs,
+                                          int n_layers, int batch, int Kk, int B, unsigned row_bytes,
+                                          int copy_blocks, int sums_here, int n_commit, i64 n_copies,
+                                          int tma_min_rows, const typename Vec<W>::T (&pre)[U], bool have_pre,
+                                          unsigned char* s_rows, unsigned long long* s_bar) {
+    constexpr bool tma = W == 16 && TMA;
+    const i64* copy_off = totals + TOT_COLS;
+    const i64* stage_off = copy_off + batch + 1;
+    const int ncb = gridDim.x - n_commit;
+    int active, step;
+    copy_share(n_copies, batch, copy_blocks, ncb, row_bytes / W, &active, &step);
+    const int cb = (int)blockIdx.x - n_commit;
+    if (cb % step != 0 || cb / step >= active) return;
+    if (!sums_here) {
+        for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
+            c_off[i] = copy_off[i];
+            c_soff[i] = stage_off[i];
+        }
+        __syncthreads();
+    }
+    // 32-bit item indices when the last one (plus a stride of U rounds) stays below 2^32
+    const i64 items = n_copies * (row_bytes / W) * n_layers + (i64)active * blockDim.x * U;
+    if (rows_by_tma(tma, n_copies * n_layers, tma_min_rows))  // else by loads
+        copy_rows_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, c_off, n_copies, cb / step,
+                               active, s_rows, s_bar),
+                      have_pre, B, table, victims, summary, stage_locs, payload_ptrs, c_soff);
+    else if (items < (1ll << 32))
+        copy_misses<W, unsigned>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
+                                 batch, Kk, B, row_bytes, c_off, c_soff, n_copies, cb / step, active, pre,
+                                 have_pre);
+    else
+        copy_misses_wide<W>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
+                            batch, Kk, B, row_bytes, c_off, c_soff, n_copies, cb / step, active, pre,
+                            have_pre);
+}
+
 // grid: [0, batch * parts) commit blocks, [batch * parts, gridDim.x) copy blocks (n_layers
 // may be 0). Commit block x serves request x % batch, part x / batch: part p stamps the hits
 // of slots [p R, (p + 1) R) (R = B / parts rounded up to whole mask words), part 0 also
@@ -20,7 +75,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                             int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch,
                             int copy_blocks, int sums_here, int parts, int parity, int call,
                             int tma_min_rows) {
-    __shared__ i64 s_off[MAXB + 1], s_soff[MAXB + 1];
+    i64* s_off = c_off;
+    i64* s_soff = c_soff;
     __shared__ __align__(8) unsigned long long s_bar[TMA ? TMA_ROWS : 1];
     extern __shared__ __align__(128) unsigned char s_rows[];  // TMA: TMA_ROWS rows
     constexpr bool tma = W == 16 && TMA;
@@ -108,33 +164,10 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     }
     if (!commit_block) {
         const i64 n_copies = sums_here ? s_off[batch] : totals[R_COPIES];
-        if (n_copies == 0 || n_layers == 0) return;
-        const int ncb = gridDim.x - n_commit;
-        int active, step;
-        copy_share(n_copies, batch, copy_blocks, ncb, row_bytes / W, &active, &step);
-        const int cb = (int)blockIdx.x - n_commit;
-        if (cb % step != 0 || cb / step >= active) return;
-        if (!sums_here) {
-            for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
-                s_off[i] = copy_off[i];
-                s_soff[i] = stage_off[i];
-            }
-            __syncthreads();
-        }
-        // 32-bit item indices when the last one (plus a stride of U rounds) stays below 2^32
-        const i64 items = n_copies * (row_bytes / W) * n_layers + (i64)active * blockDim.x * U;
-        if (rows_by_tma(tma, n_copies * n_layers, tma_min_rows))  // else by loads
-            copy_rows_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, n_copies, cb / step,
-                                   active, s_rows, s_bar),
-                          have_pre, B, table, victims, summary, stage_locs, payload_ptrs, s_soff);
-        else if (items < (1ll << 32))
-            copy_misses<W, unsigned>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
-                                     batch, Kk, B, row_bytes, s_off, s_soff, n_copies, cb / step, active, pre,
-                                     have_pre);
-        else
-            copy_misses_wide<W>(table, misses, victims, summary, stage_locs, host_ptrs, payload_ptrs, n_layers,
-                                batch, Kk, B, row_bytes, s_off, s_soff, n_copies, cb / step, active, pre,
-                                have_pre);
+        if (n_copies > 0 && n_layers > 0)
+            copy_block<W, TMA>(table, misses, victims, summary, totals, stage_locs, host_ptrs, payload_ptrs,
+                               n_layers, batch, Kk, B, row_bytes, copy_blocks, sums_here, n_commit, n_copies,
+                               tma_min_rows, pre, have_pre, s_rows, s_bar);
         return;
     }
     const int b = rb;

@@ -9,7 +9,10 @@ launch asks for (the TMA kernel's row buffers, or none where a call has no misse
 buffers' size given to the plain kernel that never uses them); the TMA kernel built without
 its preload branch (``-DRESOLVER_NO_TMA_PRELOAD``: the rows then go out after the lookup);
 the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inlined
-(``-DRESOLVER_COPY_NOINLINE``, or only their 64-bit form: ``-DRESOLVER_WIDE_NOINLINE``).
+(``-DRESOLVER_COPY_NOINLINE``), their 64-bit form inlined (``-DRESOLVER_WIDE_INLINE``; out of
+line by default since run 64), and other rarely taken paths out of line: the lookup's miss
+path (``-DRESOLVER_MISS_NOINLINE``), the batch sums (``-DRESOLVER_SUM_NOINLINE``), a copy
+block's copies (``-DRESOLVER_COPYBLOCK_NOINLINE``), or all three (``ALL_NOINLINE``).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -29,6 +32,10 @@ from bench.resolver.case import Case
 from bench.resolver.pool import State, alloc_host, fill_random, missed_rows, windows_of
 from bench.resolver.report import print_md
 
+# the rarely taken paths out of line: the lookup's miss path, the batch sums, a copy block's
+# copies
+ALL_NOINLINE = ("-DRESOLVER_MISS_NOINLINE", "-DRESOLVER_SUM_NOINLINE",
+                "-DRESOLVER_COPYBLOCK_NOINLINE")
 # name: (tma, the lookup's carveout, the commit's carveout (-1 = the driver's choice, 0 = the
 # most L1, 100 = the most shared memory), the commit's dynamic shared bytes (None = the
 # wrapper's, "tma" = the TMA kernel's row buffers), extra compile flags, misses allowed)
@@ -41,7 +48,12 @@ VARIANTS = {
     "tma_inline": (True, -1, -1, None, ("-DRESOLVER_TMA_INLINE",), True),
     "plain_copy_noinline": (False, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True),
     "tma_copy_noinline": (True, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True),
-    "plain_wide_noinline": (False, -1, -1, None, ("-DRESOLVER_WIDE_NOINLINE",), True),
+    "plain_wide_inline": (False, -1, -1, None, ("-DRESOLVER_WIDE_INLINE",), True),
+    "plain_miss_noinline": (False, -1, -1, None, ("-DRESOLVER_MISS_NOINLINE",), True),
+    "plain_sum_noinline": (False, -1, -1, None, ("-DRESOLVER_SUM_NOINLINE",), True),
+    "plain_copyblock_noinline": (False, -1, -1, None, ("-DRESOLVER_COPYBLOCK_NOINLINE",), True),
+    "plain_all_noinline": (False, -1, -1, None, ALL_NOINLINE, True),
+    "tma_all_noinline": (True, -1, -1, None, ALL_NOINLINE, True),
     "plain_commit_carveout100": (False, -1, 100, None, (), True),
     "tma_lookup_carveout0": (True, 0, -1, None, (), True),
     "plain_lookup_carveout0": (False, 0, -1, None, (), True),
