@@ -58,6 +58,16 @@ __device__ COPYBLOCK_CALL void copy_block(const i64* __restrict__ table, const i
                             have_pre);
 }
 
+#ifdef RESOLVER_PAD_CODE
+// Diagnostic build (bench/resolver/tma_cost.py): ~100 KB of code that no call runs, out of
+// line after the kernel's own, as the TMA kernel carries its TMA code -- does code size
+// alone cost a call?
+__device__ __noinline__ void pad_code(i64* p, i64 n) {
+#pragma unroll
+    for (int i = 0; i < 2000; ++i) p[(i * 7919) % 4096] += n * i;
+}
+#endif
+
 // grid: [0, batch * parts) commit blocks, [batch * parts, gridDim.x) copy blocks (n_layers
 // may be 0). Commit block x serves request x % batch, part x / batch: part p stamps the hits
 // of slots [p R, (p + 1) R) (R = B / parts rounded up to whole mask words), part 0 also
@@ -93,6 +103,9 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
                               (int)gridDim.x - n_commit, (int)blockIdx.x - n_commit, call, totals + R_PRELOADS,
                               s_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
+#ifdef RESOLVER_PAD_CODE
+    if (row_bytes == 0xFFFFFFFFu) pad_code(locs, epoch);  // never
+#endif
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900

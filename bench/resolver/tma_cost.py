@@ -38,25 +38,30 @@ ALL_NOINLINE = ("-DRESOLVER_MISS_NOINLINE", "-DRESOLVER_SUM_NOINLINE",
                 "-DRESOLVER_COPYBLOCK_NOINLINE")
 # name: (tma, the lookup's carveout, the commit's carveout (-1 = the driver's choice, 0 = the
 # most L1, 100 = the most shared memory), the commit's dynamic shared bytes (None = the
-# wrapper's, "tma" = the TMA kernel's row buffers), extra compile flags, misses allowed)
+# wrapper's, "tma" = the TMA kernel's row buffers), extra compile flags, misses allowed, the copy
+# blocks' preload (None = DHISPARSE_COPY_EARLY, False = off))
 VARIANTS = {
-    "plain": (False, -1, -1, None, (), True),
-    "tma": (True, -1, -1, None, (), True),
-    "plain_with_tma_shared": (False, -1, -1, "tma", (), True),
-    "tma_no_shared": (True, -1, -1, 0, (), False),
-    "tma_no_preload": (True, -1, -1, None, ("-DRESOLVER_NO_TMA_PRELOAD",), True),
-    "tma_inline": (True, -1, -1, None, ("-DRESOLVER_TMA_INLINE",), True),
-    "plain_copy_noinline": (False, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True),
-    "tma_copy_noinline": (True, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True),
-    "plain_wide_inline": (False, -1, -1, None, ("-DRESOLVER_WIDE_INLINE",), True),
-    "plain_miss_noinline": (False, -1, -1, None, ("-DRESOLVER_MISS_NOINLINE",), True),
-    "plain_sum_noinline": (False, -1, -1, None, ("-DRESOLVER_SUM_NOINLINE",), True),
-    "plain_copyblock_noinline": (False, -1, -1, None, ("-DRESOLVER_COPYBLOCK_NOINLINE",), True),
-    "plain_all_noinline": (False, -1, -1, None, ALL_NOINLINE, True),
-    "tma_all_noinline": (True, -1, -1, None, ALL_NOINLINE, True),
-    "plain_commit_carveout100": (False, -1, 100, None, (), True),
-    "tma_lookup_carveout0": (True, 0, -1, None, (), True),
-    "plain_lookup_carveout0": (False, 0, -1, None, (), True),
+    "plain": (False, -1, -1, None, (), True, None),
+    "tma": (True, -1, -1, None, (), True, None),
+    "plain_with_tma_shared": (False, -1, -1, "tma", (), True, None),
+    "tma_no_shared": (True, -1, -1, 0, (), False, None),
+    "tma_no_preload": (True, -1, -1, None, ("-DRESOLVER_NO_TMA_PRELOAD",), True, None),
+    "tma_inline": (True, -1, -1, None, ("-DRESOLVER_TMA_INLINE",), True, None),
+    "plain_copy_noinline": (False, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True, None),
+    "tma_copy_noinline": (True, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True, None),
+    "plain_wide_inline": (False, -1, -1, None, ("-DRESOLVER_WIDE_INLINE",), True, None),
+    "plain_miss_noinline": (False, -1, -1, None, ("-DRESOLVER_MISS_NOINLINE",), True, None),
+    "plain_sum_noinline": (False, -1, -1, None, ("-DRESOLVER_SUM_NOINLINE",), True, None),
+    "plain_copyblock_noinline": (False, -1, -1, None, ("-DRESOLVER_COPYBLOCK_NOINLINE",), True,
+                                 None),
+    "plain_all_noinline": (False, -1, -1, None, ALL_NOINLINE, True, None),
+    "tma_all_noinline": (True, -1, -1, None, ALL_NOINLINE, True, None),
+    "plain_early0": (False, -1, -1, None, (), True, False),
+    "tma_early0": (True, -1, -1, None, (), True, False),
+    "plain_pad": (False, -1, -1, None, ("-DRESOLVER_PAD_CODE",), True, None),
+    "plain_commit_carveout100": (False, -1, 100, None, (), True, None),
+    "tma_lookup_carveout0": (True, 0, -1, None, (), True, None),
+    "plain_lookup_carveout0": (False, 0, -1, None, (), True, None),
 }
 
 
@@ -187,12 +192,12 @@ def main() -> None:
                 m = missed_rows(prof, k)
                 case, off = Case(st, host, pool, item, bs, 1, k, m, False), offs[prof]
                 for name in names:
-                    tma, lookup_cv, commit_cv, shared, flags, misses_ok = VARIANTS[name]
+                    tma, lookup_cv, commit_cv, shared, flags, misses_ok, early = VARIANTS[name]
                     if m and not misses_ok:
                         continue
                     wrap.lookup_carveout, wrap.commit_carveout = lookup_cv, commit_cv
                     wrap.shared = kres.TMA_ROWS * item if shared == "tma" else shared
-                    wrap.flags, case.tma = flags, tma
+                    wrap.flags, case.tma, case.early = flags, tma, early
                     ok = case.check(off)["ok"]
                     ts = time_gpu(lambda i, o=off, c=case: c.call(i + o + 1), args.reps, 2,
                                   before=lambda i, o=off, c=case: c.before(i + o + 1),
