@@ -302,6 +302,13 @@ __device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blo
 }
 
 // The preload by TMA: each TMA warp's first rows (lane 0 issues them; *issued: how many).
+// Built only with -DRESOLVER_TMA_PRELOAD (DHISPARSE_RESOLVER_TMA_PRELOAD=1): its code alone,
+// never run by a call without misses, made those calls 1.0-1.9 us slower at batch 1 / 32 /
+// 160 (the TMA kernel with it against the plain kernel; without it +0.2..+0.8), while its
+// early rows save 1152 B rows at 20% misses ~7 us of ~330 at batch 32 and nothing
+// measurable at batch 160 (H200, 792ea08, bench/resolver/tma_cost.py, run 67). Without
+// it the TMA kernel's preload returns false where the rows go by TMA: they go out after
+// the lookup grid ended.
 __device__ TMA_CALL void preload_tma(const TmaCopy t, int* issued) {
     if ((threadIdx.x >> 5) < TMA_WARPS) {  // whole warps
         const int n = t.start();
@@ -369,7 +376,7 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
     copy_share(total, batch, copy_blocks, ncb, vpr, &active, &step);
     if (cb % step != 0 || cb / step >= active) return false;
     if (rows_by_tma(tma, (i64)total * n_layers, tma_min_rows)) {  // each TMA warp's first rows
-#ifdef RESOLVER_NO_TMA_PRELOAD  // diagnostic build (bench/resolver/tma_cost.py): no TMA preload
+#ifndef RESOLVER_TMA_PRELOAD  // opt-in build (DHISPARSE_RESOLVER_TMA_PRELOAD=1): see below
         return false;
 #endif
         preload_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step,

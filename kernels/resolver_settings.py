@@ -34,10 +34,14 @@ def default_select() -> str:
 def defines() -> tuple[str, ...]:
     """Compile-time variant of the resolver kernels: ``DHISPARSE_RESOLVER_TRACE=1`` builds the phase
     trace in (``bench/resolver/trace.py`` reads it); same results, a few stores more.
-    ``DHISPARSE_RESOLVER_LINEINFO=1`` adds source line info for a profiler (same code)."""
-    return tuple(flag for var, flag in (("DHISPARSE_RESOLVER_TRACE", "-DRESOLVER_TRACE"),
-                                        ("DHISPARSE_RESOLVER_LINEINFO", "-lineinfo"))
-                 if _switch(var, "0"))
+    ``DHISPARSE_RESOLVER_LINEINFO=1`` adds source line info for a profiler (same code).
+    ``DHISPARSE_RESOLVER_TMA_PRELOAD=1`` builds the TMA kernel's preload by TMA in (the
+    sync-free path's first rows by TMA before the lookup ends; resolver_copy.cuh
+    ``preload_tma``): same results; off by default, its code slows calls without misses."""
+    switches = (("DHISPARSE_RESOLVER_TRACE", "-DRESOLVER_TRACE"),
+                ("DHISPARSE_RESOLVER_LINEINFO", "-lineinfo"),
+                ("DHISPARSE_RESOLVER_TMA_PRELOAD", "-DRESOLVER_TMA_PRELOAD"))
+    return tuple(flag for var, flag in switches if _switch(var, "0"))
 
 
 def _switch(var: str, default: str) -> bool:

@@ -7,7 +7,8 @@ the kernels' preferred shared-memory carveout (cudaFuncAttributePreferredSharedM
 default -1 = the driver's choice, 100 = all shared); the dynamic shared memory the commit
 launch asks for (the TMA kernel's row buffers, or none where a call has no misses, or the
 buffers' size given to the plain kernel that never uses them); the TMA kernel built without
-its preload branch (``-DRESOLVER_NO_TMA_PRELOAD``: the rows then go out after the lookup);
+its preload by TMA (the default since run 67; ``-DRESOLVER_TMA_PRELOAD`` builds it in: the
+first rows go out before the lookup ends);
 the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inlined
 (``-DRESOLVER_COPY_NOINLINE``), their 64-bit form inlined (``-DRESOLVER_WIDE_INLINE``; out of
 line by default since run 64), and other rarely taken paths out of line: the lookup's miss
@@ -45,7 +46,7 @@ VARIANTS = {
     "tma": (True, -1, -1, None, (), True, None),
     "plain_with_tma_shared": (False, -1, -1, "tma", (), True, None),
     "tma_no_shared": (True, -1, -1, 0, (), False, None),
-    "tma_no_preload": (True, -1, -1, None, ("-DRESOLVER_NO_TMA_PRELOAD",), True, None),
+    "tma_preload": (True, -1, -1, None, ("-DRESOLVER_TMA_PRELOAD",), True, None),
     "tma_inline": (True, -1, -1, None, ("-DRESOLVER_TMA_INLINE",), True, None),
     "plain_copy_noinline": (False, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True, None),
     "tma_copy_noinline": (True, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True, None),
@@ -106,7 +107,7 @@ class Launches:
         self.kres.defines = self.defines
 
 
-DEFAULT_VARIANTS = ("plain", "tma", "tma_inline", "tma_no_preload", "plain_copy_noinline",
+DEFAULT_VARIANTS = ("plain", "tma", "tma_inline", "tma_preload", "plain_copy_noinline",
                     "tma_copy_noinline")
 
 

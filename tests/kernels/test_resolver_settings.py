@@ -131,12 +131,17 @@ def test_pdl_setting_is_validated(monkeypatch) -> None:
 def test_compile_variants_follow_the_environment(monkeypatch) -> None:
     from kernels import resolver as kres
 
-    monkeypatch.delenv("DHISPARSE_RESOLVER_TRACE", raising=False)
-    monkeypatch.delenv("DHISPARSE_RESOLVER_LINEINFO", raising=False)
+    for var in ("DHISPARSE_RESOLVER_TRACE", "DHISPARSE_RESOLVER_LINEINFO",
+                "DHISPARSE_RESOLVER_TMA_PRELOAD"):
+        monkeypatch.delenv(var, raising=False)
     assert kres.defines() == ()
     monkeypatch.setenv("DHISPARSE_RESOLVER_LINEINFO", "1")
     assert kres.defines() == ("-lineinfo",)
     monkeypatch.setenv("DHISPARSE_RESOLVER_TRACE", "1")
+    assert kres.defines() == ("-DRESOLVER_TRACE", "-lineinfo")
+    monkeypatch.setenv("DHISPARSE_RESOLVER_TMA_PRELOAD", "1")
+    assert kres.defines() == ("-DRESOLVER_TRACE", "-lineinfo", "-DRESOLVER_TMA_PRELOAD")
+    monkeypatch.setenv("DHISPARSE_RESOLVER_TMA_PRELOAD", "0")
     assert kres.defines() == ("-DRESOLVER_TRACE", "-lineinfo")
     monkeypatch.setenv("DHISPARSE_RESOLVER_LINEINFO", "yes")
     with pytest.raises(InvalidArgument, match="DHISPARSE_RESOLVER_LINEINFO='yes' must be 0 or 1"):

@@ -148,15 +148,18 @@ def test_a_commit_finding_no_counts_of_its_call_copies_without_the_preload() -> 
 def test_sync_free_copies_by_tma_with_and_without_the_preload(case, overflows,
                                                               monkeypatch) -> None:
     """The sync-free commit copying by the tensor memory accelerator, its rows' first bulk
-    copies issued before the lookup ended (preload) or after: what plain launches copying by
-    loads give. The second case's union exceeds its hot slots and staging, so some rounds
-    are refused after the preload sent rows to shared memory (they land before the block
+    copies issued before the lookup ended (preload, built in with
+    DHISPARSE_RESOLVER_TMA_PRELOAD=1) or after (the default build, which never preloads rows
+    that go by TMA, and the preload switched off): what plain launches copying by loads
+    give. The second case's union exceeds its hot slots and staging, so some rounds are
+    refused after the preload sent rows to shared memory (they land before the block
     leaves)."""
     from kernels import resolver as kres
 
     batch, k_queries, k, hot, staging, row_bytes = case
     seed = random.randrange(1 << 30)
     plain, sync_free, rids = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
+    _, default_build, _ = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
     _, no_preload, _ = make_pair(seed, batch, k_queries, hot, staging, row_bytes)
     names = commit_kernels(monkeypatch)
     gen = torch.Generator().manual_seed(seed)
@@ -168,13 +171,15 @@ def test_sync_free_copies_by_tma_with_and_without_the_preload(case, overflows,
         want = sync_free_round(plain, None, rids, sel, True)
         monkeypatch.setenv("DHISPARSE_COPY_TMA", "1")
         outs = []
-        for h, early in ((sync_free, "1"), (no_preload, "0")):
+        for h, early, build in ((sync_free, "1", "1"), (default_build, "1", "0"),
+                                (no_preload, "0", "0")):
             monkeypatch.setenv("DHISPARSE_COPY_EARLY", early)
+            monkeypatch.setenv("DHISPARSE_RESOLVER_TMA_PRELOAD", build)
             outs.append(sync_free_round(h, None, rids, sel, False))
             assert_rounds_agree(want, outs[-1], seed, frac, early)
             assert_same(snapshot(plain), snapshot(h))
             h.check()
-        assert outs[1]["preloads"] == 0, (seed, frac)
+        assert outs[1]["preloads"] == outs[2]["preloads"] == 0, (seed, frac)
         preloaded += outs[0]["preloads"] > 0  # a fresh workspace each round: this call's
         refused += outs[0]["preloads"] > 0 and int(want["totals"][kres.R_STATUS]) != 0
     assert preloaded > 0, seed  # the preload issued bulk copies
