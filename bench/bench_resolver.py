@@ -102,7 +102,7 @@ def command(
             "copy_blocks": os.environ.get("DHISPARSE_COPY_BLOCKS", "auto"),
             "pdl": os.environ.get("DHISPARSE_PDL", "1"),
             "copy_early": os.environ.get("DHISPARSE_COPY_EARLY", "1"),
-            "copy_tma": os.environ.get("DHISPARSE_COPY_TMA", "0"),
+            "copy_tma": os.environ.get("DHISPARSE_COPY_TMA", "auto"),
         },
         "setup": {k: v for k, v in args.items() if k != "out"},
         "cases": [],

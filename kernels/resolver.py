@@ -333,8 +333,8 @@ def commit(
     a CUDA graph replaying the two launches would reuse it, so this path is not for graph
     capture with early on.
     tma: copy the misses by the tensor memory accelerator (True: always, False: never; None
-    = ``DHISPARSE_COPY_TMA``: 0 by default, auto takes it from 8192 rows on for rows of
-    whole 128-byte lines; ``copy_tma``)."""
+    = ``DHISPARSE_COPY_TMA``: auto by default, from 8192 rows on for rows of whole 128-byte
+    lines; ``copy_tma``)."""
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots)
     check("stage_locs", stage_locs, torch.int64, 1, "cuda")
     for name, t in (("out.batch", out.batch), ("out.rows", out.rows), ("out.dst", out.dst)):

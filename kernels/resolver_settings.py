@@ -156,7 +156,7 @@ def copy_tma(tma: bool | None, row_bytes: int, width: int, capability: tuple[int
     """From how many rows to copy (over every layer) ``commit`` copies the misses by the
     tensor memory accelerator (resolver_tma.cuh: one cp.async.bulk per row, host -> shared
     -> device) instead of 16-byte loads, -1 for never: ``tma``, else ``DHISPARSE_COPY_TMA`` =
-    0 | auto | 1 (default 0). 1 (True): from 0 rows; auto: from TMA_MIN_ROWS rows, where
+    0 | auto | 1 (default auto). 1 (True): from 0 rows; auto: from TMA_MIN_ROWS rows, where
     the rows are whole 128-byte lines; 0 (False): never.
 
     It needs compute capability 9.0+, 16-byte rows (width 16) and TMA_ROWS rows of shared
@@ -168,18 +168,17 @@ def copy_tma(tma: bool | None, row_bytes: int, width: int, capability: tuple[int
     request) cost a 1152 B call 37 against 34 us by TMA (cf41c5a). Same results every way.
     Asking for it where it cannot run is refused.
 
-    In the resolver (H200, same calls, 1152 B rows, top_k 2048, 20% misses; loads / auto):
-    batch 32 335.8 / 323.3 us, 347.4 / 323.2; batch 160 1635.0 / 1561.2, 1740.5 / 1608.4
-    (ac5f3c1, 6007846). But a call without misses that launches the TMA kernel takes
-    1.1-1.6 us longer (batch 32: 13.6-13.9 against 14.7-15.5 us in the same calls, 1938868
-    and 6007846), which puts it over the 15 us of issue 7's no-miss target, and the host
-    cannot know beforehand whether a call will miss (the sync-free path reads nothing
-    between the launches). Hence off by default. That cost is the kernel's code, not its
-    shared memory or the carveout (bench/resolver/tma_cost.py, eff1103 / d07a4c9, same
-    rounds: the plain kernel given the same shared memory +0.1-0.2 us, the TMA kernel
-    without any +1.4-1.5; without the preload's TMA branch, code a call without misses never
-    runs, -0.1 to +0.8; with the TMA copies out of line, as built now, +0.9-1.6)."""
-    value = os.environ.get("DHISPARSE_COPY_TMA", "0") if tma is None else str(int(tma))
+    In the resolver (H200, 8136b3c, same call, ``bench_resolver``, 1152 B rows, top_k 2048;
+    loads / auto, run 68): 20% misses 331.2 / 331.2 us at batch 32, 1622.3 / 1563.7 at 160
+    (84% / 87% of the memcpy); cold 1507.2 / 1503.1 and 7554.0 / 7432.7; no misses 13.1 /
+    13.0, 13.6 / 14.5, 28.4 / 28.2 at batch 1 / 32 / 160. The host cannot know beforehand
+    whether a call will miss (the sync-free path reads nothing between the launches), so
+    every call of such rows launches the TMA kernel. Its preload by TMA is built only on
+    request (``defines``: DHISPARSE_RESOLVER_TMA_PRELOAD=1): it reads 1152 B rows at 20%
+    misses and batch 32 in 323-326 us, but its code alone makes calls without misses
+    1.0-1.9 us slower (bench/resolver/tma_cost.py, 792ea08, run 67; before it, eff1103 /
+    d07a4c9: neither the kernel's shared memory nor the carveout costs them)."""
+    value = os.environ.get("DHISPARSE_COPY_TMA", "auto") if tma is None else str(int(tma))
     name = "DHISPARSE_COPY_TMA" if tma is None else "tma"
     if value not in COPY_TMA:
         raise InvalidArgument(f"{name}={value!r} must be one of {COPY_TMA}")

@@ -47,8 +47,9 @@ def test_copy_tma_rule_and_setting(monkeypatch) -> None:
     from kernels.resolver_settings import TMA_MIN_ROWS
 
     hopper, ampere = (9, 0), (8, 0)
-    monkeypatch.delenv("DHISPARSE_COPY_TMA", raising=False)  # off unless asked for
-    assert kres.copy_tma(None, 1152, 16, hopper) == -1
+    monkeypatch.delenv("DHISPARSE_COPY_TMA", raising=False)  # auto unless asked otherwise
+    assert kres.copy_tma(None, 1152, 16, hopper) == TMA_MIN_ROWS
+    assert kres.copy_tma(None, 656, 16, hopper) == -1
     monkeypatch.setenv("DHISPARSE_COPY_TMA", "auto")
     # auto: whole 128-byte lines of 16-byte vectors within the shared budget, on sm_90+,
     # from TMA_MIN_ROWS rows on
