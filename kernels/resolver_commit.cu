@@ -68,19 +68,6 @@ __device__ __noinline__ void pad_code(i64* p, i64 n) {
 }
 #endif
 
-// The block that sums the batch for the totals in every sync-free call (the only one that
-// does when nothing is pending) and clears the next call's R_PEND slots: the first copy
-// block past the preloading ones, early in the grid's index order -- a commit grid larger
-// than one wave (batch 160: 160 commit + 132 copy blocks, 264 fit) places its last blocks
-// only as others leave; the last block where there are not that many copy blocks. The
-// diagnostic build RESOLVER_TOTALS_LAST takes the last block always (as before run 71).
-__device__ __forceinline__ int totals_block_index(int n_commit) {
-#ifndef RESOLVER_TOTALS_LAST
-    if ((int)gridDim.x - n_commit > COPY_BLOCKS_MIN) return n_commit + COPY_BLOCKS_MIN;
-#endif
-    return (int)gridDim.x - 1;
-}
-
 // grid: [0, batch * parts) commit blocks, [batch * parts, gridDim.x) copy blocks (n_layers
 // may be 0). Commit block x serves request x % batch, part x / batch: part p stamps the hits
 // of slots [p R, (p + 1) R) (R = B / parts rounded up to whole mask words), part 0 also
@@ -158,14 +145,14 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     }
     if (sums_here) {
         // nothing pending: no copies, no staging, good input, every offset 0 -- the sums are
-        // needed for the totals only, by one block (every block reading every summary
+        // needed for the totals only, by the last block (every block reading every summary
         // cost 5.6 us at batch 160 in the 1d7540b trace, 2.8 at batch 1)
         if (threadIdx.x == 0) {
             s_fast = pending == 0;
             s_ok = 1, s_off[batch] = 0;  // what the sums give then (sum_batch overwrites them)
         }
         __syncthreads();
-        const bool totals_block = (int)blockIdx.x == totals_block_index(n_commit);
+        const bool totals_block = (int)blockIdx.x == (int)gridDim.x - 1;
         if (!s_fast || totals_block) {  // block-uniform
             sum_batch(summary, totals, batch, n_stage_locs, totals_block, s_off, s_soff, &s_ok, s_tmp,
                       s_cnt);  // syncs

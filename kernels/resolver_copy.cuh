@@ -328,7 +328,7 @@ __device__ TMA_CALL void preload_tma(const TmaCopy t, int* issued) {
 // it while the lookup ran cost time (H200, db6c063, cold batch 1, 656 / 1152 B: 53.8 /
 // 71.4 us against 51.3 / 69.3 without; 20% misses, batch 1: 35.3 / 36.7 against 40.3 /
 // 44.4, batch 32: 277.2 / 337.2 against 284.1 / 340.5). The other blocks do not poll, so
-// neither does the totals block (totals_block_index: on every call's path) where more than
+// neither does the last one (the batch's totals, on every call's path) where more than
 // COPY_BLOCKS_MIN copy blocks are launched (launched_copy_blocks: at least one per SM).
 template <int W>
 __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ summary,

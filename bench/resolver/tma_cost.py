@@ -60,8 +60,6 @@ VARIANTS = {
     "plain_early0": (False, -1, -1, None, (), True, False),
     "tma_early0": (True, -1, -1, None, (), True, False),
     "plain_pad": (False, -1, -1, None, ("-DRESOLVER_PAD_CODE",), True, None),
-    "plain_totals_last": (False, -1, -1, None, ("-DRESOLVER_TOTALS_LAST",), True, None),
-    "tma_totals_last": (True, -1, -1, None, ("-DRESOLVER_TOTALS_LAST",), True, None),
     "plain_commit_carveout100": (False, -1, 100, None, (), True, None),
     "tma_lookup_carveout0": (True, 0, -1, None, (), True, None),
     "plain_lookup_carveout0": (False, 0, -1, None, (), True, None),
