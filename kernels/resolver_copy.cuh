@@ -375,15 +375,17 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
     int active, step;
     copy_share(total, batch, copy_blocks, ncb, vpr, &active, &step);
     if (cb % step != 0 || cb / step >= active) return false;
-    if (rows_by_tma(tma, (i64)total * n_layers, tma_min_rows)) {  // each TMA warp's first rows
-#ifndef RESOLVER_TMA_PRELOAD  // opt-in build (DHISPARSE_RESOLVER_TMA_PRELOAD=1): see below
-        return false;
-#endif
+    const bool tma_rows = rows_by_tma(tma, (i64)total * n_layers, tma_min_rows);
+    if (tma_rows) {  // each TMA warp's first rows
+#if defined(RESOLVER_TMA_PRELOAD)  // opt-in build (DHISPARSE_RESOLVER_TMA_PRELOAD=1): see below
         preload_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step,
                              active, bufs, bars),
                     tma_issued);
         if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);
         return true;
+#elif !defined(RESOLVER_TMA_WARM)
+        return false;
+#endif
     }
     const i64 per_layer = (i64)total * vpr, items = per_layer * n_layers, stride = (i64)active * blockDim.x;
     const i64 base = (i64)(cb / step) * blockDim.x + threadIdx.x;
@@ -395,10 +397,20 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
             i64 i;
             unsigned vec;
             item_of<i64>(it, per_layer, (i64)vpr, n_layers, batch, s_off, layer, b, i, vec);
-            pre[u] = *reinterpret_cast<const V*>(item_src<W>(layer, b, i, vec, batch, Kk, row_bytes, misses,
-                                                             host_ptrs));
+            const char* src = item_src<W>(layer, b, i, vec, batch, Kk, row_bytes, misses, host_ptrs);
+#ifdef RESOLVER_TMA_WARM  // diagnostic build (bench/resolver/tma_cost.py): rows that go by TMA
+            // are only prefetched into L2 (which caches host reads), for the bulk copies after
+            if (tma_rows) {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(src));
+                continue;
+            }
+#endif
+            pre[u] = *reinterpret_cast<const V*>(src);
         }
     }
+#ifdef RESOLVER_TMA_WARM
+    if (tma_rows) return false;  // nothing in pre
+#endif
     if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);
     return true;
 }
