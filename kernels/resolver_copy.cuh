@@ -377,14 +377,16 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
     if (cb % step != 0 || cb / step >= active) return false;
     const bool tma_rows = rows_by_tma(tma, (i64)total * n_layers, tma_min_rows);
     if (tma_rows) {  // each TMA warp's first rows
-#if defined(RESOLVER_TMA_PRELOAD)  // opt-in build (DHISPARSE_RESOLVER_TMA_PRELOAD=1): see below
+#ifdef RESOLVER_TMA_PRELOAD  // opt-in build (DHISPARSE_RESOLVER_TMA_PRELOAD=1): see below
         preload_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step,
                              active, bufs, bars),
                     tma_issued);
         if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);
         return true;
-#elif !defined(RESOLVER_TMA_WARM)
+#else
+#ifndef RESOLVER_TMA_WARM  // (the diagnostic build only warms L2 with them, below)
         return false;
+#endif
 #endif
     }
     const i64 per_layer = (i64)total * vpr, items = per_layer * n_layers, stride = (i64)active * blockDim.x;
