@@ -45,6 +45,8 @@ from bench.resolver.runs import (
     run_k8,
     run_ours,
 )
+from kernels.resolver_settings import COPY_TMA_DEFAULT
+from kernels.resolver_settings import defines as kres_defines
 
 __all__ = [
     "PAGE_ROWS",
@@ -102,7 +104,8 @@ def command(
             "copy_blocks": os.environ.get("DHISPARSE_COPY_BLOCKS", "auto"),
             "pdl": os.environ.get("DHISPARSE_PDL", "1"),
             "copy_early": os.environ.get("DHISPARSE_COPY_EARLY", "1"),
-            "copy_tma": os.environ.get("DHISPARSE_COPY_TMA", "auto"),
+            "copy_tma": os.environ.get("DHISPARSE_COPY_TMA", COPY_TMA_DEFAULT),
+            "defines": list(kres_defines()),  # the kernels' build (e.g. the TMA preload)
         },
         "setup": {k: v for k, v in args.items() if k != "out"},
         "cases": [],

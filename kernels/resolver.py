@@ -188,7 +188,7 @@ def lookup(
     dev = selections.device.index
     func, flags, threads = lookup_variant()
     ranked = kernel("resolver", func + "_rank", dev, True, flags)
-    cap = dynamic_shared_cap(ranked, dev)  # 227 KB opt-in minus 9.4 KB static (ptxas -v)
+    cap = dynamic_shared_cap(ranked, dev)  # 227 KB opt-in minus 9.6 KB static (ptxas -v)
     fits = lookup_shared_bytes(words, pow2, True) <= cap
     rank = hit_form(hits, hot_slots, fits, batch, sm_count(dev)) == "rank"
     fn = ranked
@@ -329,7 +329,9 @@ def commit(
     (copy_blocks 0) and sparse misses (at most 1024 a request on average), the first 16 copy
     blocks wait for every request's miss count instead of the whole lookup and issue their
     first host reads then, while the lookup chooses victims (``R_PRELOADS`` counts the
-    blocks that did); None = ``default_copy_early()``. The call's tag is a kernel argument:
+    blocks that did); calls whose rows go by TMA (``tma``) do so only in the build with
+    DHISPARSE_RESOLVER_TMA_PRELOAD=1, else their rows go out after the lookup; None =
+    ``default_copy_early()``. The call's tag is a kernel argument:
     a CUDA graph replaying the two launches would reuse it, so this path is not for graph
     capture with early on.
     tma: copy the misses by the tensor memory accelerator (True: always, False: never; None

@@ -59,7 +59,7 @@ __device__ COPYBLOCK_CALL void copy_block(const i64* __restrict__ table, const i
 }
 
 #ifdef RESOLVER_PAD_CODE
-// Diagnostic build (bench/resolver/tma_cost.py): ~100 KB of code that no call runs, out of
+// Diagnostic build (bench/resolver/tma_cost.py): ~220 KB of code that no call runs, out of
 // line after the kernel's own, as the TMA kernel carries its TMA code -- does code size
 // alone cost a call?
 __device__ __noinline__ void pad_code(i64* p, i64 n) {

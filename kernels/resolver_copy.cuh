@@ -8,8 +8,10 @@
 #include "resolver_tma.cuh"
 
 // The TMA copies are functions of their own (not inlined): their code stays off the commit's
-// path in calls that copy nothing (a no-miss call with the TMA kernel: +0.9-1.6 us against
-// the plain kernel, +1.4-2.1 inlined; H200, eff1103, bench/resolver/tma_cost.py). Diagnostic
+// path in calls that copy nothing (a no-miss call with the TMA kernel as built then, its
+// preload by TMA in: +0.9-1.6 us against the plain kernel, +1.4-2.1 inlined; H200, eff1103,
+// bench/resolver/tma_cost.py; without that preload, the default since 8136b3c, -0.0 to
+// +0.2 us, run 70). Diagnostic
 // builds: RESOLVER_TMA_INLINE inlines them; RESOLVER_COPY_NOINLINE puts the copies by loads
 // out of line (no-miss calls 0.7-0.8 us faster, but the copies 3-10% slower).
 #ifdef RESOLVER_TMA_INLINE
@@ -303,10 +305,11 @@ __device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blo
 
 // The preload by TMA: each TMA warp's first rows (lane 0 issues them; *issued: how many).
 // Built only with -DRESOLVER_TMA_PRELOAD (DHISPARSE_RESOLVER_TMA_PRELOAD=1): its code alone,
-// never run by a call without misses, made those calls 1.0-1.9 us slower at batch 1 / 32 /
-// 160 (the TMA kernel with it against the plain kernel; without it +0.2..+0.8), while its
-// early rows save 1152 B rows at 20% misses ~7 us of ~330 at batch 32 and nothing
-// measurable at batch 160 (H200, 792ea08, bench/resolver/tma_cost.py, run 67). Without
+// never run by a call without misses, makes those calls 1.0-1.7 us slower at batch 1 / 32 /
+// 160 (the TMA kernel with it against the plain kernel; without it -0.0 / -0.3 / +0.2),
+// while its early rows save 1152 B rows at 20% misses ~7 us of ~330 at batch 32 and nothing
+// beyond the rounds' spread at batch 160 (H200, bench/resolver/tma_cost.py: run 67 at
+// 792ea08 found the cause, run 70 at 4ff26b3 gave these figures). Without
 // it the TMA kernel's preload returns false where the rows go by TMA: they go out after
 // the lookup grid ended.
 __device__ TMA_CALL void preload_tma(const TmaCopy t, int* issued) {

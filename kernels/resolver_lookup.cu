@@ -136,97 +136,97 @@ __device__ MISS_CALL MissPath miss_path(const i64* __restrict__ row, const i64* 
     if (threadIdx.x < 4) kbits[threadIdx.x] = threadIdx.x < 2 ? 0u : ~0u;
     if (threadIdx.x == 0) n_cand_s = 0u;  // both before bitmap_prefix's barriers
     bool published = false;  // S_EARLY written (block-uniform)
-        const unsigned m = bitmap_prefix(miss_bm, miss_pre, Wp, tmp);  // syncs
-        TRACE(4);  // miss prefix
-        // pass 2: a miss entry gets its encoded rank among the misses
-        auto pass2 = [&](auto groups) {
-            constexpr int G = decltype(groups)::value;
-            for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
-                i64 l[G], r[G];
-    #pragma unroll
-                for (int q = 0; q < G; ++q) {
-                    const int e = e0 + q * NT;
-                    l[q] = e < Kk ? l_b[e] : -1;
-                    r[q] = e < Kk ? s_b[e] : -1;
-                }
-    #pragma unroll
-                for (int q = 0; q < G; ++q)
-                    if (l[q] == SENTINEL) l_b[e0 + q * NT] = -2 - (i64)rank_of(miss_bm, miss_pre, r[q]);
+    const unsigned m = bitmap_prefix(miss_bm, miss_pre, Wp, tmp);  // syncs
+    TRACE(4);  // miss prefix
+    // pass 2: a miss entry gets its encoded rank among the misses
+    auto pass2 = [&](auto groups) {
+        constexpr int G = decltype(groups)::value;
+        for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
+            i64 l[G], r[G];
+#pragma unroll
+            for (int q = 0; q < G; ++q) {
+                const int e = e0 + q * NT;
+                l[q] = e < Kk ? l_b[e] : -1;
+                r[q] = e < Kk ? s_b[e] : -1;
             }
-        };
-        if (Kk <= NT) pass2(Groups<1>{});
-        else if (Kk <= 2 * NT || UL < 4) pass2(Groups<2>{});
-        else pass2(Groups<4>{});
-        TRACE(5);  // pass 2 (thread 0's share)
-        // misses in ascending row order
-        const int chunk = (W + NT - 1) / NT, lo = threadIdx.x * chunk, hi = min(W, lo + chunk);
-        for (int w = lo; w < hi; ++w) {
-            unsigned bits = miss_bm[w], i = miss_pre[w];
-            while (bits) {
-                const int bit = __ffs(bits) - 1;
-                bits &= bits - 1;
-                misses[(i64)b * Kk + i++] = (i64)w * 32 + bit;
-            }
+#pragma unroll
+            for (int q = 0; q < G; ++q)
+                if (l[q] == SENTINEL) l_b[e0 + q * NT] = -2 - (i64)rank_of(miss_bm, miss_pre, r[q]);
         }
-        // step 3: candidates = unprotected non-hit slots, keyed (stamp, slot); then the
-        // nv first in LRU order, (stamp, slot) ascending. Every key of [0, Bp) is
-        // written (~0 = not a candidate).
-        TRACE(8);  // misses listed (thread 0's share)
-        if (!sums && call) {  // the commit's copy blocks may read these misses now
-            // the barrier orders every thread's misses stores before thread 0's release
-            // (cumulative), as a grid barrier's arrival does
-            __syncthreads();
-            if (threadIdx.x == 0) st_release(summary + (i64)b * SCOLS + S_EARLY, (i64)call << 32 | m);
-            published = true;
+    };
+    if (Kk <= NT) pass2(Groups<1>{});
+    else if (Kk <= 2 * NT || UL < 4) pass2(Groups<2>{});
+    else pass2(Groups<4>{});
+    TRACE(5);  // pass 2 (thread 0's share)
+    // misses in ascending row order
+    const int chunk = (W + NT - 1) / NT, lo = threadIdx.x * chunk, hi = min(W, lo + chunk);
+    for (int w = lo; w < hi; ++w) {
+        unsigned bits = miss_bm[w], i = miss_pre[w];
+        while (bits) {
+            const int bit = __ffs(bits) - 1;
+            bits &= bits - 1;
+            misses[(i64)b * Kk + i++] = (i64)w * 32 + bit;
         }
-        const i64* stamp = ptr<const i64>(row, T_HOT_STAMP);
-        const i64* protect = ptr<const i64>(row, T_HOT_PROTECT);
-        unsigned n_cand = 0;
-        unsigned long long kor = 0, kand = ~0ull;
-        for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * UL) {
-            i64 pr[UL], st[UL];
-            bool pend[UL];
-    #pragma unroll
-            for (int q = 0; q < UL; ++q) {
-                const int s = s0 + q * NT;
-                pend[q] = s < B && !test_bit(hit_bm, s);
-                pr[q] = pend[q] ? protect[s] : 0;
-                st[q] = pend[q] ? stamp[s] : 0;
-            }
-    #pragma unroll
-            for (int q = 0; q < UL; ++q) {
-                const int s = s0 + q * NT;
-                const bool cand = pend[q] && pr[q] <= finished_epoch;
-                const unsigned long long key = ((unsigned long long)st[q] << 20) | (unsigned)s;
-                keys[s] = cand ? key : ~0ull;
-                n_cand += cand;
-                if (cand) kor |= key, kand &= key;
-            }
-        }
-        block_add(&n_cand_s, n_cand);
-        if (select_mode >= 1) {  // the radix select's constant bytes: one redux per half-word
-            const unsigned o_lo = __reduce_or_sync(0xffffffffu, (unsigned)kor);
-            const unsigned o_hi = __reduce_or_sync(0xffffffffu, (unsigned)(kor >> 32));
-            const unsigned a_lo = __reduce_and_sync(0xffffffffu, (unsigned)kand);
-            const unsigned a_hi = __reduce_and_sync(0xffffffffu, (unsigned)(kand >> 32));
-            if ((threadIdx.x & 31) == 0) {
-                atomicOr(&kbits[0], o_lo), atomicOr(&kbits[1], o_hi);
-                atomicAnd(&kbits[2], a_lo), atomicAnd(&kbits[3], a_hi);
-            }
-        }
+    }
+    // step 3: candidates = unprotected non-hit slots, keyed (stamp, slot); then the
+    // nv first in LRU order, (stamp, slot) ascending. Every key of [0, Bp) is
+    // written (~0 = not a candidate).
+    TRACE(8);  // misses listed (thread 0's share)
+    if (!sums && call) {  // the commit's copy blocks may read these misses now
+        // the barrier orders every thread's misses stores before thread 0's release
+        // (cumulative), as a grid barrier's arrival does
         __syncthreads();
-        TRACE(9);  // LRU keys built
-        const unsigned nv = min(m, n_cand_s);
-        if (select_mode >= 1 && nv <= SELECT_MAX && nv > 0) {
-            select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal,
-                           ((unsigned long long)kbits[1] << 32) | kbits[0],
-                           ((unsigned long long)kbits[3] << 32) | kbits[2], select_mode == 1);
-        } else {
-            if (Bp == SORT_N) sort_registers(keys);
-            else sort_smem(keys, Bp);
-            for (int i = threadIdx.x; i < (int)nv; i += NT)
-                victims[(i64)b * B + i] = (i32)(keys[i] & 0xFFFFFull);
+        if (threadIdx.x == 0) st_release(summary + (i64)b * SCOLS + S_EARLY, (i64)call << 32 | m);
+        published = true;
+    }
+    const i64* stamp = ptr<const i64>(row, T_HOT_STAMP);
+    const i64* protect = ptr<const i64>(row, T_HOT_PROTECT);
+    unsigned n_cand = 0;
+    unsigned long long kor = 0, kand = ~0ull;
+    for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * UL) {
+        i64 pr[UL], st[UL];
+        bool pend[UL];
+#pragma unroll
+        for (int q = 0; q < UL; ++q) {
+            const int s = s0 + q * NT;
+            pend[q] = s < B && !test_bit(hit_bm, s);
+            pr[q] = pend[q] ? protect[s] : 0;
+            st[q] = pend[q] ? stamp[s] : 0;
         }
+#pragma unroll
+        for (int q = 0; q < UL; ++q) {
+            const int s = s0 + q * NT;
+            const bool cand = pend[q] && pr[q] <= finished_epoch;
+            const unsigned long long key = ((unsigned long long)st[q] << 20) | (unsigned)s;
+            keys[s] = cand ? key : ~0ull;
+            n_cand += cand;
+            if (cand) kor |= key, kand &= key;
+        }
+    }
+    block_add(&n_cand_s, n_cand);
+    if (select_mode >= 1) {  // the radix select's constant bytes: one redux per half-word
+        const unsigned o_lo = __reduce_or_sync(0xffffffffu, (unsigned)kor);
+        const unsigned o_hi = __reduce_or_sync(0xffffffffu, (unsigned)(kor >> 32));
+        const unsigned a_lo = __reduce_and_sync(0xffffffffu, (unsigned)kand);
+        const unsigned a_hi = __reduce_and_sync(0xffffffffu, (unsigned)(kand >> 32));
+        if ((threadIdx.x & 31) == 0) {
+            atomicOr(&kbits[0], o_lo), atomicOr(&kbits[1], o_hi);
+            atomicAnd(&kbits[2], a_lo), atomicAnd(&kbits[3], a_hi);
+        }
+    }
+    __syncthreads();
+    TRACE(9);  // LRU keys built
+    const unsigned nv = min(m, n_cand_s);
+    if (select_mode >= 1 && nv <= SELECT_MAX && nv > 0) {
+        select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal,
+                       ((unsigned long long)kbits[1] << 32) | kbits[0],
+                       ((unsigned long long)kbits[3] << 32) | kbits[2], select_mode == 1);
+    } else {
+        if (Bp == SORT_N) sort_registers(keys);
+        else sort_smem(keys, Bp);
+        for (int i = threadIdx.x; i < (int)nv; i += NT)
+            victims[(i64)b * B + i] = (i32)(keys[i] & 0xFFFFFull);
+    }
     return MissPath{m, nv, published};
 }
 
@@ -247,7 +247,7 @@ __device__ __forceinline__ void lookup_body(
     (void)miss_dst;  // the commit's scratch (both launches take the workspace's pointers)
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
-    __shared__ unsigned cnt[8];  // tail, opt, hot, host, hit slots, ncand, status (32-bit: block_add)
+    __shared__ unsigned cnt[8];  // tail, opt, hot, host, hit slots, -, status (32-bit: block_add)
     __shared__ int last;
     const int b = blockIdx.x, Kk = K * k, Wp = (W + 3) & ~3, Hp = Bp >> 5;
     const i64* row = table + (i64)b * TCOLS;

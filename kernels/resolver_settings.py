@@ -149,6 +149,7 @@ def default_copy_early() -> bool:
 TMA_ROWS = 64  # resolver_tma.cuh TMA_WARPS * TMA_STAGES: a copy block's shared row buffers
 TMA_SHARED_MAX = 96 * 1024  # their bytes at most (two commit blocks an SM)
 COPY_TMA = ("0", "auto", "1")
+COPY_TMA_DEFAULT = "auto"  # DHISPARSE_COPY_TMA unset (run 68, copy_tma)
 TMA_MIN_ROWS = 8192  # copy_tma auto: calls copying fewer rows go by loads
 
 
@@ -178,7 +179,7 @@ def copy_tma(tma: bool | None, row_bytes: int, width: int, capability: tuple[int
     misses and batch 32 in 323-326 us, but its code alone makes calls without misses
     1.0-1.9 us slower (bench/resolver/tma_cost.py, 792ea08, run 67; before it, eff1103 /
     d07a4c9: neither the kernel's shared memory nor the carveout costs them)."""
-    value = os.environ.get("DHISPARSE_COPY_TMA", "auto") if tma is None else str(int(tma))
+    value = os.environ.get("DHISPARSE_COPY_TMA", COPY_TMA_DEFAULT) if tma is None else str(int(tma))
     name = "DHISPARSE_COPY_TMA" if tma is None else "tma"
     if value not in COPY_TMA:
         raise InvalidArgument(f"{name}={value!r} must be one of {COPY_TMA}")
