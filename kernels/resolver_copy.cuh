@@ -309,9 +309,9 @@ __device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blo
 // 160 (the TMA kernel with it against the plain kernel; without it -0.0 / -0.3 / +0.2),
 // while its early rows save 1152 B rows at 20% misses ~7 us of ~330 at batch 32 and nothing
 // beyond the rounds' spread at batch 160 (H200, bench/resolver/tma_cost.py: run 67 at
-// 792ea08 found the cause, run 70 at 4ff26b3 gave these figures). Without
-// it the TMA kernel's preload returns false where the rows go by TMA: they go out after
-// the lookup grid ended.
+// 792ea08 found the cause, run 70 at 4ff26b3 gave these figures). Without it the TMA
+// kernel's preload only prefetches its first round of such rows into L2 (below) and
+// returns false: the bulk copies go out after the lookup grid ended.
 __device__ TMA_CALL void preload_tma(const TmaCopy t, int* issued) {
     if ((threadIdx.x >> 5) < TMA_WARPS) {  // whole warps
         const int n = t.start();
@@ -387,7 +387,7 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
         if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);
         return true;
 #else
-#ifndef RESOLVER_TMA_WARM  // (the diagnostic build only warms L2 with them, below)
+#ifdef RESOLVER_NO_TMA_WARM  // diagnostic build: not even L2 warmed (below)
         return false;
 #endif
 #endif
@@ -403,8 +403,10 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
             unsigned vec;
             item_of<i64>(it, per_layer, (i64)vpr, n_layers, batch, s_off, layer, b, i, vec);
             const char* src = item_src<W>(layer, b, i, vec, batch, Kk, row_bytes, misses, host_ptrs);
-#ifdef RESOLVER_TMA_WARM  // diagnostic build (bench/resolver/tma_cost.py): rows that go by TMA
-            // are only prefetched into L2 (which caches host reads), for the bulk copies after
+#ifndef RESOLVER_NO_TMA_WARM
+            // rows that go by TMA are only prefetched into L2 (which caches host reads), for
+            // the bulk copies after the lookup: 1152 B rows at 20% misses, batch 32, 330.6-330.8
+            // us against 332.0-333.4 without, no cost without misses (H200, 860df13, run 72)
             if (tma_rows) {
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(src));
                 continue;
@@ -413,7 +415,7 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
             pre[u] = *reinterpret_cast<const V*>(src);
         }
     }
-#ifdef RESOLVER_TMA_WARM
+#ifndef RESOLVER_NO_TMA_WARM
     if (tma_rows) return false;  // nothing in pre
 #endif
     if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);

@@ -122,9 +122,8 @@ __device__ MISS_CALL MissPath miss_path(const i64* __restrict__ row, const i64* 
                                         i64* __restrict__ l_b, i64* __restrict__ misses,
                                         i32* __restrict__ victims, i64* __restrict__ summary, int b, int Kk,
                                         int B, int Bp, int W, i64 finished_epoch, int select_mode, int sums,
-                                        int call) {
+                                        int call, unsigned* tmp, unsigned* n_cand) {
     extern __shared__ __align__(16) unsigned char smem[];  // lookup_body's layout
-    __shared__ unsigned tmp[33], n_cand_s;
     __shared__ unsigned kbits[4];  // OR (lo, hi) and AND (lo, hi) of the candidate LRU keys
     __shared__ unsigned hist[256], scal[4];
     __shared__ unsigned long long vkeys[SELECT_MAX];
@@ -133,8 +132,7 @@ __device__ MISS_CALL MissPath miss_path(const i64* __restrict__ row, const i64* 
     const unsigned* hit_bm = miss_bm + Wp;
     u16* miss_pre = reinterpret_cast<u16*>(miss_bm + Wp + Hp);
     unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem + (size_t)6 * Wp + (size_t)4 * Hp);
-    if (threadIdx.x < 4) kbits[threadIdx.x] = threadIdx.x < 2 ? 0u : ~0u;
-    if (threadIdx.x == 0) n_cand_s = 0u;  // both before bitmap_prefix's barriers
+    if (threadIdx.x < 4) kbits[threadIdx.x] = threadIdx.x < 2 ? 0u : ~0u;  // before bitmap_prefix's barriers
     bool published = false;  // S_EARLY written (block-uniform)
     const unsigned m = bitmap_prefix(miss_bm, miss_pre, Wp, tmp);  // syncs
     TRACE(4);  // miss prefix
@@ -181,7 +179,7 @@ __device__ MISS_CALL MissPath miss_path(const i64* __restrict__ row, const i64* 
     }
     const i64* stamp = ptr<const i64>(row, T_HOT_STAMP);
     const i64* protect = ptr<const i64>(row, T_HOT_PROTECT);
-    unsigned n_cand = 0;
+    unsigned n_cands = 0;
     unsigned long long kor = 0, kand = ~0ull;
     for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * UL) {
         i64 pr[UL], st[UL];
@@ -199,11 +197,11 @@ __device__ MISS_CALL MissPath miss_path(const i64* __restrict__ row, const i64* 
             const bool cand = pend[q] && pr[q] <= finished_epoch;
             const unsigned long long key = ((unsigned long long)st[q] << 20) | (unsigned)s;
             keys[s] = cand ? key : ~0ull;
-            n_cand += cand;
+            n_cands += cand;
             if (cand) kor |= key, kand &= key;
         }
     }
-    block_add(&n_cand_s, n_cand);
+    block_add(n_cand, n_cands);
     if (select_mode >= 1) {  // the radix select's constant bytes: one redux per half-word
         const unsigned o_lo = __reduce_or_sync(0xffffffffu, (unsigned)kor);
         const unsigned o_hi = __reduce_or_sync(0xffffffffu, (unsigned)(kor >> 32));
@@ -216,7 +214,7 @@ __device__ MISS_CALL MissPath miss_path(const i64* __restrict__ row, const i64* 
     }
     __syncthreads();
     TRACE(9);  // LRU keys built
-    const unsigned nv = min(m, n_cand_s);
+    const unsigned nv = min(m, *n_cand);
     if (select_mode >= 1 && nv <= SELECT_MAX && nv > 0) {
         select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal,
                        ((unsigned long long)kbits[1] << 32) | kbits[0],
@@ -247,7 +245,7 @@ __device__ __forceinline__ void lookup_body(
     (void)miss_dst;  // the commit's scratch (both launches take the workspace's pointers)
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
-    __shared__ unsigned cnt[8];  // tail, opt, hot, host, hit slots, -, status (32-bit: block_add)
+    __shared__ unsigned cnt[8];  // tail, opt, hot, host, hit slots, ncand, status (32-bit: block_add)
     __shared__ int last;
     const int b = blockIdx.x, Kk = K * k, Wp = (W + 3) & ~3, Hp = Bp >> 5;
     const i64* row = table + (i64)b * TCOLS;
@@ -395,7 +393,7 @@ __device__ __forceinline__ void lookup_body(
         TRACE(3);  // hit mask out
         if (host_entries > 0) {
             const MissPath mp = miss_path<UL>(row, s_b, l_b, misses, victims, summary, b, Kk, B, Bp, W,
-                                              finished_epoch, select_mode, sums, call);
+                                              finished_epoch, select_mode, sums, call, tmp, &cnt[5]);
             m = u_miss = mp.m, nv = mp.nv, published = mp.published;
         }
     }

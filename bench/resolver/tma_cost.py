@@ -8,8 +8,8 @@ default -1 = the driver's choice, 100 = all shared); the dynamic shared memory t
 launch asks for (the TMA kernel's row buffers, or none where a call has no misses, or the
 buffers' size given to the plain kernel that never uses them); the TMA kernel built without
 its preload by TMA (the default since run 67; ``-DRESOLVER_TMA_PRELOAD`` builds it in: the
-first rows go out before the lookup ends; ``-DRESOLVER_TMA_WARM`` only prefetches the first
-round of rows into L2 then);
+first rows go out before the lookup ends; by default the preload prefetches the first round
+of a TMA call's rows into L2, since run 72; ``-DRESOLVER_NO_TMA_WARM`` does not);
 the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inlined
 (``-DRESOLVER_COPY_NOINLINE``), their 64-bit form inlined (``-DRESOLVER_WIDE_INLINE``; out of
 line by default since run 64), and other rarely taken paths out of line: the lookup's miss
@@ -61,7 +61,7 @@ VARIANTS = {
     "plain_early0": (False, -1, -1, None, (), True, False),
     "tma_early0": (True, -1, -1, None, (), True, False),
     "plain_pad": (False, -1, -1, None, ("-DRESOLVER_PAD_CODE",), True, None),
-    "tma_warm": (True, -1, -1, None, ("-DRESOLVER_TMA_WARM",), True, None),
+    "tma_no_warm": (True, -1, -1, None, ("-DRESOLVER_NO_TMA_WARM",), True, None),
     "plain_commit_carveout100": (False, -1, 100, None, (), True, None),
     "tma_lookup_carveout0": (True, 0, -1, None, (), True, None),
     "plain_lookup_carveout0": (False, 0, -1, None, (), True, None),
