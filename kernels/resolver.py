@@ -329,8 +329,9 @@ def commit(
     (copy_blocks 0) and sparse misses (at most 1024 a request on average), the first 16 copy
     blocks wait for every request's miss count instead of the whole lookup and issue their
     first host reads then, while the lookup chooses victims (``R_PRELOADS`` counts the
-    blocks that did); calls whose rows go by TMA (``tma``) do so only in the build with
-    DHISPARSE_RESOLVER_TMA_PRELOAD=1, else their rows go out after the lookup; None =
+    blocks that did); calls whose rows go by TMA (``tma``) issue bulk copies then only in
+    the build with DHISPARSE_RESOLVER_TMA_PRELOAD=1, else those blocks prefetch their first
+    round of rows into L2 and the copies go out after the lookup; None =
     ``default_copy_early()``. The call's tag is a kernel argument:
     a CUDA graph replaying the two launches would reuse it, so this path is not for graph
     capture with early on.
