@@ -3,23 +3,17 @@
 #include "resolver_common.cuh"
 #include "resolver_copy.cuh"
 
-// The commit's copy offsets (exclusive, [0, batch]): of the copies and of the staging rows;
-// at namespace scope so that copy_block, where it is not inlined, still reads them as shared
-// memory (the copy loop's binary search reads them for every item)
+// The commit's copy offsets (exclusive, [0, batch]) in shared memory: of the copies and of
+// the staging rows. At namespace scope since 14ec96c: declared inside commit_body, they make
+// the commit kernels compile to other SASS than the one the GPU tests and runs 69-72 ran.
 __shared__ i64 c_off[MAXB + 1], c_soff[MAXB + 1];
 
 // A copy block of the commit launch once the lookup grid ended, in a call with copies: its
 // share of the miss copies (copy_share), by loads or, in the TMA kernel from tma_min_rows
-// rows on, by the tensor memory accelerator. Inlined; the diagnostic build
-// RESOLVER_COPYBLOCK_NOINLINE keeps it a function of its own, off the path of calls without
-// misses (bench/resolver/tma_cost.py).
-#ifdef RESOLVER_COPYBLOCK_NOINLINE
-#define COPYBLOCK_CALL __noinline__
-#else
-#define COPYBLOCK_CALL __forceinline__
-#endif
+// rows on, by the tensor memory accelerator. Out of line it made 20%-miss calls slower
+// (batch 160: +162 us; H200, 14ec96c, run 66).
 template <int W, bool TMA>
-__device__ COPYBLOCK_CALL void copy_block(const i64* __restrict__ table, const i64* __restrict__ misses,
+__device__ __forceinline__ void copy_block(const i64* __restrict__ table, const i64* __restrict__ misses,
                                           const i32* __restrict__ victims, const i64* __restrict__ summary,
                                           const i64* __restrict__ totals, const i64* __restrict__ stage_locs,
                                           const i64* __restrict__ host_ptrs, const i64* __restrict__ payload_ptrs,
@@ -58,16 +52,6 @@ __device__ COPYBLOCK_CALL void copy_block(const i64* __restrict__ table, const i
                             have_pre);
 }
 
-#ifdef RESOLVER_PAD_CODE
-// Diagnostic build (bench/resolver/tma_cost.py): ~220 KB of code that no call runs, out of
-// line after the kernel's own, as the TMA kernel carries its TMA code -- does code size
-// alone cost a call?
-__device__ __noinline__ void pad_code(i64* p, i64 n) {
-#pragma unroll
-    for (int i = 0; i < 2000; ++i) p[(i * 7919) % 4096] += n * i;
-}
-#endif
-
 // grid: [0, batch * parts) commit blocks, [batch * parts, gridDim.x) copy blocks (n_layers
 // may be 0). Commit block x serves request x % batch, part x / batch: part p stamps the hits
 // of slots [p R, (p + 1) R) (R = B / parts rounded up to whole mask words), part 0 also
@@ -85,8 +69,6 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                             int n_layers, int batch, int K, int k, int B, unsigned row_bytes, i64 epoch,
                             int copy_blocks, int sums_here, int parts, int parity, int call,
                             int tma_min_rows) {
-    i64* s_off = c_off;
-    i64* s_soff = c_soff;
     __shared__ __align__(8) unsigned long long s_bar[TMA ? TMA_ROWS : 1];
     extern __shared__ __align__(128) unsigned char s_rows[];  // TMA: TMA_ROWS rows
     constexpr bool tma = W == 16 && TMA;
@@ -102,10 +84,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     if (call && sums_here && n_layers > 0 && (int)blockIdx.x >= n_commit)
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
                               (int)gridDim.x - n_commit, (int)blockIdx.x - n_commit, call, totals + R_PRELOADS,
-                              s_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
-#ifdef RESOLVER_PAD_CODE
-    if (row_bytes == 0xFFFFFFFFu) pad_code(locs, epoch);  // never
-#endif
+                              c_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900
@@ -149,14 +128,14 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         // cost 5.6 us at batch 160 in the 1d7540b trace, 2.8 at batch 1)
         if (threadIdx.x == 0) {
             s_fast = pending == 0;
-            s_ok = 1, s_off[batch] = 0;  // what the sums give then (sum_batch overwrites them)
+            s_ok = 1, c_off[batch] = 0;  // what the sums give then (sum_batch overwrites them)
         }
         __syncthreads();
         const bool totals_block = (int)blockIdx.x == (int)gridDim.x - 1;
         if (!s_fast || totals_block) {  // block-uniform
-            sum_batch(summary, totals, batch, n_stage_locs, totals_block, s_off, s_soff, &s_ok, s_tmp,
+            sum_batch(summary, totals, batch, n_stage_locs, totals_block, c_off, c_soff, &s_ok, s_tmp,
                       s_cnt);  // syncs
-            if (commit_block) off = s_off[rb], soff = s_soff[rb];
+            if (commit_block) off = c_off[rb], soff = c_soff[rb];
         }
         if (totals_block && threadIdx.x == 0) {  // the next call's slots (read by no block of this one)
             i64* next = totals + R_PEND + 2 * (parity ^ 1);
@@ -176,7 +155,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         return;
     }
     if (!commit_block) {
-        const i64 n_copies = sums_here ? s_off[batch] : totals[R_COPIES];
+        const i64 n_copies = sums_here ? c_off[batch] : totals[R_COPIES];
         if (n_copies > 0 && n_layers > 0)
             copy_block<W, TMA>(table, misses, victims, summary, totals, stage_locs, host_ptrs, payload_ptrs,
                                n_layers, batch, Kk, B, row_bytes, copy_blocks, sums_here, n_commit, n_copies,

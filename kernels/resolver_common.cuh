@@ -214,12 +214,7 @@ __device__ __forceinline__ void block_add(unsigned* dst, unsigned v) {
 // MAXB by the block, 2 requests per thread (blockDim.x >= MAXB / 2). Ends with a barrier;
 // every thread of the block must call it. Reads the summaries through L2 (__ldcg): they
 // were written by other blocks.
-#ifdef RESOLVER_SUM_NOINLINE  // diagnostic build (bench/resolver/tma_cost.py)
-#define SUM_CALL __noinline__
-#else
-#define SUM_CALL
-#endif
-__device__ SUM_CALL void sum_batch(const i64* __restrict__ summary, i64* __restrict__ totals, int batch,
+__device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ totals, int batch,
                           i64 n_stage_locs, bool write_totals, i64* s_off, i64* s_soff, int* ok,
                           unsigned* tmp, unsigned* cnt) {
     const int lane = threadIdx.x & 31;

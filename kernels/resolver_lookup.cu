@@ -106,19 +106,14 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
 // rank among the misses), the misses listed in ascending row order (published for the
 // commit's preload on the sync-free path), the LRU keys of the candidate slots and the
 // victims' order. Returns the distinct misses m, the victims nv and whether S_EARLY went
-// out. Inlined; the diagnostic build RESOLVER_MISS_NOINLINE keeps it a function of its own,
-// off the path of calls without misses (bench/resolver/tma_cost.py).
+// out. tmp: the lookup's scan scratch; n_cand: its candidate count (0 on entry). Out of
+// line it gained nothing measurable (H200, 14ec96c, run 66), so it is inlined.
 struct MissPath {
     unsigned m, nv;
     bool published;
 };
-#ifdef RESOLVER_MISS_NOINLINE
-#define MISS_CALL __noinline__
-#else
-#define MISS_CALL __forceinline__
-#endif
 template <int UL>
-__device__ MISS_CALL MissPath miss_path(const i64* __restrict__ row, const i64* __restrict__ s_b,
+__device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const i64* __restrict__ s_b,
                                         i64* __restrict__ l_b, i64* __restrict__ misses,
                                         i32* __restrict__ victims, i64* __restrict__ summary, int b, int Kk,
                                         int B, int Bp, int W, i64 finished_epoch, int select_mode, int sums,

@@ -12,9 +12,9 @@ first rows go out before the lookup ends; by default the preload prefetches the 
 of a TMA call's rows into L2, since run 72; ``-DRESOLVER_NO_TMA_WARM`` does not);
 the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inlined
 (``-DRESOLVER_COPY_NOINLINE``), their 64-bit form inlined (``-DRESOLVER_WIDE_INLINE``; out of
-line by default since run 64), and other rarely taken paths out of line: the lookup's miss
-path (``-DRESOLVER_MISS_NOINLINE``), the batch sums (``-DRESOLVER_SUM_NOINLINE``), a copy
-block's copies (``-DRESOLVER_COPYBLOCK_NOINLINE``), or all three (``ALL_NOINLINE``).
+line by default since run 64). Switches that measured nothing were removed with their
+variants: the lookup's sort, its miss path, the batch sums and a copy block's copies out of
+line, never-run padding code (runs 64-67, bench/README.md).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -34,10 +34,6 @@ from bench.resolver.case import Case
 from bench.resolver.pool import State, alloc_host, fill_random, missed_rows, windows_of
 from bench.resolver.report import print_md
 
-# the rarely taken paths out of line: the lookup's miss path, the batch sums, a copy block's
-# copies
-ALL_NOINLINE = ("-DRESOLVER_MISS_NOINLINE", "-DRESOLVER_SUM_NOINLINE",
-                "-DRESOLVER_COPYBLOCK_NOINLINE")
 # name: (tma, the lookup's carveout, the commit's carveout (-1 = the driver's choice, 0 = the
 # most L1, 100 = the most shared memory), the commit's dynamic shared bytes (None = the
 # wrapper's, "tma" = the TMA kernel's row buffers), extra compile flags, misses allowed, the copy
@@ -52,15 +48,8 @@ VARIANTS = {
     "plain_copy_noinline": (False, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True, None),
     "tma_copy_noinline": (True, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True, None),
     "plain_wide_inline": (False, -1, -1, None, ("-DRESOLVER_WIDE_INLINE",), True, None),
-    "plain_miss_noinline": (False, -1, -1, None, ("-DRESOLVER_MISS_NOINLINE",), True, None),
-    "plain_sum_noinline": (False, -1, -1, None, ("-DRESOLVER_SUM_NOINLINE",), True, None),
-    "plain_copyblock_noinline": (False, -1, -1, None, ("-DRESOLVER_COPYBLOCK_NOINLINE",), True,
-                                 None),
-    "plain_all_noinline": (False, -1, -1, None, ALL_NOINLINE, True, None),
-    "tma_all_noinline": (True, -1, -1, None, ALL_NOINLINE, True, None),
     "plain_early0": (False, -1, -1, None, (), True, False),
     "tma_early0": (True, -1, -1, None, (), True, False),
-    "plain_pad": (False, -1, -1, None, ("-DRESOLVER_PAD_CODE",), True, None),
     "tma_no_warm": (True, -1, -1, None, ("-DRESOLVER_NO_TMA_WARM",), True, None),
     "plain_commit_carveout100": (False, -1, 100, None, (), True, None),
     "tma_lookup_carveout0": (True, 0, -1, None, (), True, None),
