@@ -51,6 +51,13 @@ VARIANTS = {
     "plain_early0": (False, -1, -1, None, (), True, False),
     "tma_early0": (True, -1, -1, None, (), True, False),
     "tma_no_warm": (True, -1, -1, None, ("-DRESOLVER_NO_TMA_WARM",), True, None),
+    "tma_warm1k": (True, -1, -1, None, ("-DRESOLVER_TMA_WARM_ROWS=1024",), True, None),
+    "tma_warm2k": (True, -1, -1, None, ("-DRESOLVER_TMA_WARM_ROWS=2048",), True, None),
+    "tma_warm4k": (True, -1, -1, None, ("-DRESOLVER_TMA_WARM_ROWS=4096",), True, None),
+    "tma_warm16k": (True, -1, -1, None, ("-DRESOLVER_TMA_WARM_ROWS=16384",), True, None),
+    "plain_warm2k": (False, -1, -1, None, ("-DRESOLVER_LOAD_WARM_ROWS=2048",), True, None),
+    "plain_warm4k": (False, -1, -1, None, ("-DRESOLVER_LOAD_WARM_ROWS=4096",), True, None),
+    "plain_warm16k": (False, -1, -1, None, ("-DRESOLVER_LOAD_WARM_ROWS=16384",), True, None),
     "plain_commit_carveout100": (False, -1, 100, None, (), True, None),
     "tma_lookup_carveout0": (True, 0, -1, None, (), True, None),
     "plain_lookup_carveout0": (False, 0, -1, None, (), True, None),
@@ -147,7 +154,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.summary:
         with open(args.summary) as f:
-            print_md(differences_md(json.load(f)))
+            rec = json.load(f)
+            print_md(differences_md(rec, rec.get("differences_base", "plain")))
         return
     if not args.out:
         ap.error("--out is required (or --summary JSON)")
@@ -214,8 +222,10 @@ def main() -> None:
         rec.setdefault("kernels", {})[fn_name] = {
             "num_regs": fn.num_regs, "local_size_bytes": fn.local_size_bytes,
             "shared_size_bytes": fn.shared_size_bytes}
-    if "plain" in names:
-        rec["differences_md"] = differences_md(rec)
+    base = "plain" if "plain" in names else names[0]
+    if len(names) > 1:
+        rec["differences_base"] = base
+        rec["differences_md"] = differences_md(rec, base)
         print_md(rec["differences_md"])
     write_json(args.out, rec)
 
