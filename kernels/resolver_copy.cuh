@@ -319,31 +319,6 @@ __device__ TMA_CALL void preload_tma(const TmaCopy t, int* issued) {
     }
 }
 
-#if defined(RESOLVER_TMA_WARM_ROWS) || defined(RESOLVER_LOAD_WARM_ROWS)
-// Probe builds: rows [r0, r1) of the flattened (layer, request, miss) list, the order the
-// copies read them in, prefetched into L2, one prefetch per 128-byte line a row touches,
-// spread over the working blocks.
-__device__ __noinline__ void warm_rows(const i64* __restrict__ misses, const i64* __restrict__ host_ptrs,
-                                       int n_layers, int batch, int Kk, unsigned row_bytes, const i64* s_off,
-                                       i64 n_copies, int cblock, int ncblocks, i64 r0, i64 r1) {
-    r1 = min(n_copies * n_layers, r1);
-    const unsigned lpr = (row_bytes + 127) / 128 + 1;  // lines a row can touch
-    const i64 lines = (r1 - r0) * lpr, stride = (i64)ncblocks * blockDim.x;
-    for (i64 x = (i64)cblock * blockDim.x + threadIdx.x; x < lines; x += stride) {
-        const i64 k = x / lpr, r = r0 + k;
-        const unsigned line = (unsigned)(x - k * lpr);
-        int layer, b;
-        i64 i;
-        unsigned vec;
-        item_of<i64>(r, n_copies, 1, n_layers, batch, s_off, layer, b, i, vec);
-        const unsigned long long src =
-            reinterpret_cast<unsigned long long>(item_src<16>(layer, b, i, 0, batch, Kk, row_bytes, misses, host_ptrs));
-        const unsigned long long at = (src & ~127ull) + 128ull * line;
-        if (at < src + row_bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
-    }
-}
-#endif
-
 // A copy block of the sync-free path before the lookup grid has ended: waits for every
 // request's miss count (S_EARLY of this call, published once the request's misses are
 // listed), makes the copy offsets (s_off) and, if the block is one at work, issues the
@@ -415,11 +390,6 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
 #ifdef RESOLVER_NO_TMA_WARM  // diagnostic build: not even L2 warmed (below)
         return false;
 #endif
-#ifdef RESOLVER_TMA_WARM_ROWS  // probe build: the first this many rows, line by line
-        warm_rows(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step, active, 0,
-                  RESOLVER_TMA_WARM_ROWS);
-        return false;
-#endif
 #endif
     }
     const i64 per_layer = (i64)total * vpr, items = per_layer * n_layers, stride = (i64)active * blockDim.x;
@@ -447,11 +417,6 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
     }
 #ifndef RESOLVER_NO_TMA_WARM
     if (tma_rows) return false;  // nothing in pre
-#endif
-#ifdef RESOLVER_LOAD_WARM_ROWS  // probe build: rows past the first round warmed in L2
-    if (!tma_rows)
-        warm_rows(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step, active,
-                  (i64)U * stride / vpr, RESOLVER_LOAD_WARM_ROWS);
 #endif
     if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);
     return true;
