@@ -101,10 +101,24 @@ def run_ours(args: dict, rec: dict) -> None:
         if args["copy_sweep"]:
             run_copy_sweep(args, rec, host, pool, item, configs[0])
         del pool
+    settle_ceiling(rec, h2d_memcpy_gbps(dev))
     torch.cuda.cudart().cudaHostUnregister(host_raw.data_ptr()) if how.startswith(
         "cudaHost"
     ) else None
     del host_raw
+
+
+def settle_ceiling(rec: dict, again: float) -> None:
+    """The memcpy measured again after the cases: the ceiling is the faster of the two (a
+    run at 44cfc1c measured 51.6 GB/s before its cases, where the peer's process in the same
+    device call measured 55.4), and every case's fraction of it is recomputed."""
+    first = rec["ceiling"]["h2d_pinned_1GiB_GBps"]
+    h2d = max(first, again)
+    rec["ceiling"].update(h2d_pinned_1GiB_GBps=h2d, h2d_pinned_1GiB_GBps_runs=[first, again])
+    for r in rec["cases"]:
+        if "GBps" in r:
+            r["frac_of_h2d_memcpy"] = r["GBps"] / h2d
+    print(f"memcpy again {again:.1f} GB/s; ceiling {h2d:.1f} GB/s", flush=True)
 
 
 def run_k8(args: dict, rec: dict, st: State, host, pool, item: int, k: int, flush) -> None:

@@ -1,5 +1,6 @@
 """The resolver benchmark's row windows (``bench.resolver.pool``): how many calls a case can
-time on rows no earlier call read, and how a sweep's settings share them; its plot. CPU only."""
+time on rows no earlier call read, and how a sweep's settings share them; its plot; its
+memcpy ceiling. CPU only."""
 
 from __future__ import annotations
 
@@ -68,3 +69,17 @@ def test_restore_makes_the_rank_caches_stale_only_after_calls_that_changed_the_h
     table = st.table(2)
     assert table.shape == (2, 12) and table[0, 9].item() == rank_words(st.S)
     assert table[0, 8].item() == st.hot_rank[0].data_ptr()
+
+
+def test_the_ceiling_is_the_faster_memcpy_and_the_fractions_follow_it() -> None:
+    from bench.resolver.runs import settle_ceiling
+
+    rec = {"ceiling": {"h2d_pinned_1GiB_GBps": 50.0},
+           "cases": [{"GBps": 25.0, "frac_of_h2d_memcpy": 0.5}, {"us_per_call": 12.0}]}
+    settle_ceiling(rec, 55.0)
+    assert rec["ceiling"] == {"h2d_pinned_1GiB_GBps": 55.0,
+                              "h2d_pinned_1GiB_GBps_runs": [50.0, 55.0]}
+    assert rec["cases"][0]["frac_of_h2d_memcpy"] == 25.0 / 55.0
+    assert "frac_of_h2d_memcpy" not in rec["cases"][1]
+    settle_ceiling(rec, 40.0)  # a slower second measurement keeps the faster one
+    assert rec["ceiling"]["h2d_pinned_1GiB_GBps"] == 55.0
