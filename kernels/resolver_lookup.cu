@@ -89,35 +89,6 @@ __device__ __forceinline__ void victim_bits(const unsigned long long* keys, int 
     }
 }
 
-#ifdef RESOLVER_VICTIMS_LRU
-// Diagnostic build (bench/resolver/tma_cost.py): the radix-selected victims listed in LRU
-// order as before 5f2c308 (keys <= K* compacted, each one's rank counted); the reference
-// takes them in slot order, so its checks fail in this build.
-__device__ void victims_lru(const unsigned long long* keys, int Bp, unsigned nv, unsigned long long kstar,
-                            unsigned long long* vkeys, unsigned* scal, i32* out) {
-    const int lane = threadIdx.x & 31;
-    if (threadIdx.x == 0) scal[2] = 0;
-    __syncthreads();
-    for (int s0 = 0; s0 < Bp; s0 += NT) {
-        const int s = s0 + threadIdx.x;
-        const unsigned long long key = s < Bp ? keys[s] : ~0ull;
-        const bool take = key != ~0ull && key <= kstar;
-        const unsigned bal = __ballot_sync(0xffffffffu, take);
-        unsigned base = 0;
-        if (lane == 0 && bal) base = atomicAdd(&scal[2], (unsigned)__popc(bal));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        if (take) vkeys[base + __popc(bal & ((1u << lane) - 1u))] = key;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < (int)nv; i += NT) {
-        const unsigned long long key = vkeys[i];
-        unsigned r = 0;
-        for (int j = 0; j < (int)nv; ++j) r += vkeys[j] < key;
-        out[r] = (i32)(key & 0xFFFFFull);
-    }
-}
-#endif
-
 // The set bits of bm [0, Hp) in ascending order into out (the victims in slot order);
 // thread t lists a contiguous chunk of words. Every thread calls it (block_scan syncs).
 __device__ __forceinline__ void list_bits(const unsigned* bm, int Hp, i32* __restrict__ out, unsigned* tmp) {
@@ -251,17 +222,10 @@ __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const
     } else if (nv == nc) {  // every candidate (cold calls): no order needed
         victim_bits(keys, Bp, ~0ull - 1, hit_bm);
     } else if (select_mode >= 1 && nv <= SELECT_MAX) {
-        const unsigned long long kstar =
-            select_kstar(keys, Bp, nv, hist, scal, ((unsigned long long)kbits[1] << 32) | kbits[0],
-                         ((unsigned long long)kbits[3] << 32) | kbits[2], select_mode == 1);
-#ifdef RESOLVER_VICTIMS_LRU
-        __shared__ unsigned long long vkeys[SELECT_MAX];
-        victims_lru(keys, Bp, nv, kstar, vkeys, scal, victims + (i64)b * B);
-        TRACE(12);
-        return MissPath{m, nv, published};
-#else
-        victim_bits(keys, Bp, kstar, hit_bm);
-#endif
+        victim_bits(keys, Bp,
+                    select_kstar(keys, Bp, nv, hist, scal, ((unsigned long long)kbits[1] << 32) | kbits[0],
+                                 ((unsigned long long)kbits[3] << 32) | kbits[2], select_mode == 1),
+                    hit_bm);
     } else {
         for (int i = threadIdx.x; i < Hp; i += NT) hit_bm[i] = 0u;
         if (Bp == SORT_N) sort_registers(keys);

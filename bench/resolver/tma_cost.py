@@ -51,8 +51,6 @@ VARIANTS = {
     "plain_early0": (False, -1, -1, None, (), True, False),
     "tma_early0": (True, -1, -1, None, (), True, False),
     "tma_no_warm": (True, -1, -1, None, ("-DRESOLVER_NO_TMA_WARM",), True, None),
-    "tma_victims_lru": (True, -1, -1, None, ("-DRESOLVER_VICTIMS_LRU",), True, None),
-    "plain_victims_lru": (False, -1, -1, None, ("-DRESOLVER_VICTIMS_LRU",), True, None),
     "plain_commit_carveout100": (False, -1, 100, None, (), True, None),
     "tma_lookup_carveout0": (True, 0, -1, None, (), True, None),
     "plain_lookup_carveout0": (False, 0, -1, None, (), True, None),
