@@ -1,6 +1,8 @@
 """Where the TMA commit kernel's cost on calls without misses comes from (issue 7): the
 same sync-free calls (``Case``: lookup + commit of one payload layer) timed under variants
-of the commit launch, interleaved in rounds so that drift hits every variant alike.
+of the commit launch, interleaved in rounds so that drift hits every variant alike, and
+within a case call by call (``--interleave 1``, the default since run 78 found bursts of
+outside disturbance lasting many calls; ``schedule``).
 
 Variants (``VARIANTS``): the plain kernel or the TMA kernel (``resolve_commit_16_tma``);
 the kernels' preferred shared-memory carveout (cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -14,7 +16,8 @@ the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inli
 (``-DRESOLVER_COPY_NOINLINE``), their 64-bit form inlined (``-DRESOLVER_WIDE_INLINE``; out of
 line by default since run 64). Switches that measured nothing were removed with their
 variants: the lookup's sort, its miss path, the batch sums and a copy block's copies out of
-line, never-run padding code (runs 64-67, bench/README.md).
+line, never-run padding code (runs 64-67, bench/README.md), more rows warmed in L2 (run 73),
+the victims listed in LRU order against slot order (runs 76 and 79).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -108,6 +111,15 @@ def windows_needed(names: list[str], reps: int, misses: bool) -> int:
     return sum(reps + 3 for n in names if VARIANTS[n][5] or not misses)
 
 
+def schedule(names: list[str], reps: int, interleave: bool) -> list[tuple[str, int]]:
+    """The order of a case's timed calls, (variant, rep): call by call in turn (A, B, A, B,
+    ...: a burst of outside disturbance falls on every variant alike; run 78 had such bursts
+    of many calls) or each variant's calls back to back (runs 66-79)."""
+    if interleave:
+        return [(n, r) for r in range(reps) for n in names]
+    return [(n, r) for n in names for r in range(reps)]
+
+
 def differences(rec: dict, base: str = "plain") -> dict[str, dict[tuple[int, str], float]]:
     """Per variant other than ``base``: the mean over rounds of its µs minus ``base``'s in
     the same round, by case (batch, profile); rounds or cases without both are left out."""
@@ -144,6 +156,9 @@ def main() -> None:
                     help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--interleave", type=int, choices=(0, 1), default=1,
+                    help="1: the variants' timed calls in turn, call by call; 0: each "
+                         "variant's calls back to back (runs 66-79)")
     args = ap.parse_args()
     if args.summary:
         with open(args.summary) as f:
@@ -172,8 +187,8 @@ def main() -> None:
     fill_random(host, dev)
     flush = Flusher(dev)
     rec = {"environment": environment(), "host_alloc": how, "item_bytes": item, "top_k": k,
-           "hot_buffer": B, "reps": args.reps, "variants": {n: list(map(str, VARIANTS[n]))
-                                                            for n in names}, "results": []}
+           "hot_buffer": B, "reps": args.reps, "interleave": bool(args.interleave),
+           "variants": {n: list(map(str, VARIANTS[n])) for n in names}, "results": []}
     t0 = time.time()
     wrap = Launches(kres)
     try:
@@ -184,26 +199,37 @@ def main() -> None:
             for bs, prof in cases:
                 m = missed_rows(prof, k)
                 case, off = Case(st, host, pool, item, bs, 1, k, m, False), offs[prof]
-                for name in names:
-                    tma, lookup_cv, commit_cv, shared, flags, misses_ok, early = VARIANTS[name]
-                    if m and not misses_ok:
-                        continue
+                run = [n for n in names if not m or VARIANTS[n][5]]
+
+                def use(name: str, case=case) -> None:
+                    tma, lookup_cv, commit_cv, shared, flags, _, early = VARIANTS[name]
                     wrap.lookup_carveout, wrap.commit_carveout = lookup_cv, commit_cv
                     wrap.shared = kres.TMA_ROWS * item if shared == "tma" else shared
                     wrap.flags, case.tma, case.early = flags, tma, early
-                    ok = case.check(off)["ok"]
-                    ts = time_gpu(lambda i, o=off, c=case: c.call(i + o + 1), args.reps, 2,
-                                  before=lambda i, o=off, c=case: c.before(i + o + 1),
-                                  flush=flush)
+
+                # each variant: its check and 2 warm-up calls, then its reps + 3 windows on
+                first, ok, ts = {}, {}, {n: [] for n in run}
+                for name in run:
+                    use(name)
+                    first[name], ok[name] = off, case.check(off)["ok"]
+                    time_gpu(lambda i, o=off, c=case: c.call(i + o + 1), 0, 2,
+                             before=lambda i, o=off, c=case: c.before(i + o + 1))
                     off += args.reps + 3
                     wrap.end_variant()
-                    us = statistics.median(ts)
+                for name, r in schedule(run, args.reps, bool(args.interleave)):
+                    use(name)
+                    w = first[name] + 3 + r  # the call's own row window
+                    ts[name] += time_gpu(lambda i, w=w, c=case: c.call(w), 1, 0,
+                                         before=lambda i, w=w, c=case: c.before(w), flush=flush)
+                    wrap.end_variant()
+                for name in run:
+                    us = statistics.median(ts[name])
                     rec["results"].append({"round": rnd, "batch": bs, "profile": prof,
-                                           "variant": name, "ok": ok, "us": us,
-                                           "us_all": [round(t, 2) for t in ts]})
-                    print(f"round {rnd} bs={bs:3d} {prof:6s} {name:22s} us={us:8.1f} ok={ok} "
-                          f"({time.time() - t0:.0f}s)", flush=True)
-                    write_json(args.out, rec)
+                                           "variant": name, "ok": ok[name], "us": us,
+                                           "us_all": [round(t, 2) for t in ts[name]]})
+                    print(f"round {rnd} bs={bs:3d} {prof:6s} {name:22s} us={us:8.1f} "
+                          f"ok={ok[name]} ({time.time() - t0:.0f}s)", flush=True)
+                write_json(args.out, rec)
                 offs[prof] = off
                 del case
             del st, pool

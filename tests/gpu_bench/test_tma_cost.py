@@ -17,6 +17,7 @@ from bench.resolver.tma_cost import (
     Launches,
     differences,
     differences_md,
+    schedule,
     windows_needed,
 )
 from kernels._loader import source
@@ -106,3 +107,12 @@ def test_the_summary_of_a_committed_run_is_the_readme_s_table() -> None:
     assert round(diffs["tma"][(1, "hit100")], 1) == 1.2
     assert round(diffs["tma_inline"][(32, "hit100")], 1) == 1.5
     assert round(diffs["plain_copy_noinline"][(160, "miss20")], 1) == 156.9
+
+
+def test_interleaved_calls_take_turns_and_back_to_back_calls_do_not() -> None:
+    assert schedule(["a", "b"], 3, True) == [("a", 0), ("b", 0), ("a", 1), ("b", 1),
+                                              ("a", 2), ("b", 2)]
+    assert schedule(["a", "b"], 2, False) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    for interleave in (True, False):  # every variant's reps, each once
+        calls = schedule(["a", "b", "c"], 4, interleave)
+        assert sorted(calls) == [(n, r) for n in "abc" for r in range(4)]
