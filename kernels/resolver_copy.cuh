@@ -379,19 +379,18 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
     copy_share(total, batch, copy_blocks, ncb, vpr, &active, &step);
     if (cb % step != 0 || cb / step >= active) return false;
     const bool tma_rows = rows_by_tma(tma, (i64)total * n_layers, tma_min_rows);
-    if (tma_rows) {  // each TMA warp's first rows
-#ifdef RESOLVER_TMA_PRELOAD  // opt-in build (DHISPARSE_RESOLVER_TMA_PRELOAD=1): see below
+#ifdef RESOLVER_TMA_PRELOAD  // opt-in build (DHISPARSE_RESOLVER_TMA_PRELOAD=1): each TMA warp's first rows
+    if (tma_rows) {
         preload_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step,
                              active, bufs, bars),
                     tma_issued);
         if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);
         return true;
-#else
-#ifdef RESOLVER_NO_TMA_WARM  // diagnostic build: not even L2 warmed (below)
-        return false;
-#endif
-#endif
     }
+#endif
+#ifdef RESOLVER_NO_TMA_WARM  // diagnostic build: not even L2 warmed (below)
+    if (tma_rows) return false;
+#endif
     const i64 per_layer = (i64)total * vpr, items = per_layer * n_layers, stride = (i64)active * blockDim.x;
     const i64 base = (i64)(cb / step) * blockDim.x + threadIdx.x;
 #pragma unroll
@@ -403,7 +402,6 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
             unsigned vec;
             item_of<i64>(it, per_layer, (i64)vpr, n_layers, batch, s_off, layer, b, i, vec);
             const char* src = item_src<W>(layer, b, i, vec, batch, Kk, row_bytes, misses, host_ptrs);
-#ifndef RESOLVER_NO_TMA_WARM
             // rows that go by TMA are only prefetched into L2 (which caches host reads), for
             // the bulk copies after the lookup: 1152 B rows at 20% misses, batch 32, 330.6-330.8
             // us against 332.0-333.4 without, no cost without misses (H200, 860df13, run 72)
@@ -411,13 +409,10 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(src));
                 continue;
             }
-#endif
             pre[u] = *reinterpret_cast<const V*>(src);
         }
     }
-#ifndef RESOLVER_NO_TMA_WARM
     if (tma_rows) return false;  // nothing in pre
-#endif
     if (threadIdx.x == 0) atomicAdd(reinterpret_cast<unsigned long long*>(preloads), 1ull);
     return true;
 }

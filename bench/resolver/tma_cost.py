@@ -105,10 +105,14 @@ DEFAULT_VARIANTS = ("plain", "tma", "tma_inline", "tma_preload", "plain_copy_noi
                     "tma_copy_noinline")
 
 
+WARMUP = 2  # warm-up calls of a variant in a case, after its check
+UNTIMED = 1 + WARMUP  # its check and warm-ups: the row windows before its timed calls
+
+
 def windows_needed(names: list[str], reps: int, misses: bool) -> int:
     """Row windows one case takes in a round: every variant that runs it (variants without
-    misses_ok skip cases with misses) takes reps + 2 warm-up calls + 1 check."""
-    return sum(reps + 3 for n in names if VARIANTS[n][5] or not misses)
+    misses_ok skip cases with misses) takes its check, WARMUP warm-up calls and reps."""
+    return sum(UNTIMED + reps for n in names if VARIANTS[n][5] or not misses)
 
 
 def schedule(names: list[str], reps: int, interleave: bool) -> list[tuple[str, int]]:
@@ -181,8 +185,9 @@ def main() -> None:
         m, n = missed_rows(prof, k), sum(p == prof for _, p in cases)
         need, have = n * windows_needed(names, args.reps, m > 0), windows_of(S, B, k, m, False)
         if need > have:
-            raise SystemExit(f"{prof}: {n} case(s) x these variants x (--reps {args.reps} + 3) "
-                             f"calls need {need} row windows a round, a state has {have}")
+            raise SystemExit(f"{prof}: {n} case(s) x these variants x (--reps {args.reps} + "
+                             f"{UNTIMED}) calls need {need} row windows a round, a state has "
+                             f"{have}")
     host, how = alloc_host(P * S * item)
     fill_random(host, dev)
     flush = Flusher(dev)
@@ -207,18 +212,19 @@ def main() -> None:
                     wrap.shared = kres.TMA_ROWS * item if shared == "tma" else shared
                     wrap.flags, case.tma, case.early = flags, tma, early
 
-                # each variant: its check and 2 warm-up calls, then its reps + 3 windows on
+                # each variant: its check and warm-up calls, then its timed calls, each call
+                # on its own row window from the variant's first one
                 first, ok, ts = {}, {}, {n: [] for n in run}
                 for name in run:
                     use(name)
                     first[name], ok[name] = off, case.check(off)["ok"]
-                    time_gpu(lambda i, o=off, c=case: c.call(i + o + 1), 0, 2,
+                    time_gpu(lambda i, o=off, c=case: c.call(i + o + 1), 0, WARMUP,
                              before=lambda i, o=off, c=case: c.before(i + o + 1))
-                    off += args.reps + 3
+                    off += UNTIMED + args.reps
                     wrap.end_variant()
                 for name, r in schedule(run, args.reps, bool(args.interleave)):
                     use(name)
-                    w = first[name] + 3 + r  # the call's own row window
+                    w = first[name] + UNTIMED + r  # the call's own row window
                     ts[name] += time_gpu(lambda i, w=w, c=case: c.call(w), 1, 0,
                                          before=lambda i, w=w, c=case: c.before(w), flush=flush)
                     wrap.end_variant()
@@ -247,6 +253,7 @@ def main() -> None:
         rec["differences_md"] = differences_md(rec, base)
         print_md(rec["differences_md"])
     write_json(args.out, rec)
+
 
 if __name__ == "__main__":
     main()
