@@ -167,9 +167,11 @@ def lookup(
     ``ws.parity`` (flipped here), so that a commit with nothing pending leaves the
     sums to one block.
 
-    select: how victims are ordered, "radix" (radix select of the nv oldest, nv <= 1024;
-    "radix_match" counts its bins with warp-aggregated atomics) or "sort" (bitonic sort of
-    every slot key); all give the reference's order (see ``default_select``).
+    select: how the victims (the nv oldest candidates, listed in slot order) are chosen,
+    "radix" (radix select of the nv-th oldest key, nv <= 1024; "radix_match" counts its
+    bins with warp-aggregated atomics) or "sort" (bitonic sort of every slot key); all give
+    the reference's victims (see ``default_select``). When every candidate is a victim
+    neither runs.
 
     hits: how hot hits are found, "index" (a hot_index load per entry) or "rank" (the
     request's hot_rank cache in shared memory, resolver_rank.cuh); None = ``hit_form``.

@@ -9,7 +9,8 @@
 //             row some query misses; ranks by word prefix + popcount give the ascending
 //             order of the union, eq. 6, for free), the hit slots as a bitmap over the B
 //             slots, LRU victims among the unprotected, non-hit slots by a radix select (or
-//             a bitonic sort) of (stamp, slot) keys. With hits = 1 the hits come from the
+//             a bitonic sort) of (stamp, slot) keys, listed in slot order from a bitmap
+//             (all candidates need neither). With hits = 1 the hits come from the
 //             request's hot_rank cache instead of hot_index (resolver_rank.cuh; rebuilt and
 //             written back where stale). Mutates no other state: writes per-request
 //             scratch and a summary row; with sums = 1 (a host reads the totals between

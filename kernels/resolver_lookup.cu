@@ -4,23 +4,20 @@
 #include "resolver_sort.cuh"
 #include "resolver_rank.cuh"
 
-#define SELECT_MAX 1024  // victims ordered by radix select + counting ranks up to this many
+#define SELECT_MAX 1024  // victims chosen by radix select up to this many (else by a sort)
 
-// The nv smallest of Bp unique keys (non-candidates are ~0), in ascending order, without
-// sorting all Bp: MSD radix select of the nv-th smallest key K* with 8-bit histograms over
-// the bytes in which candidate keys differ (kor / kand: OR and AND of every candidate key;
-// a byte they agree on is every candidate's, so its pass is skipped: stamps and 20-bit
-// slots leave several such bytes), stopping at the first byte whose chosen bin holds
-// exactly the keys still needed (then K* is that bin's largest possible key). The keys
-// <= K* are compacted and each one's rank is counted (nv^2 / NT compares; a one-key-per-
-// thread bitonic sort of them instead was no faster: H200, c9c57e1, 20% misses, batch 32,
-// nv = 410, compacted -> victims out 6.2-7.2 us against 5.7-6.3 counting). Writes their
-// slots to out[rank]. Non-candidates (~0) are skipped: nv <= candidates. Compaction
-// atomics are warp-aggregated; histogram counts too with match (select_mode 1, "radix_match"),
-// else one shared atomic per key (select_mode 2, "radix": faster on the H200).
-__device__ void select_victims(const unsigned long long* keys, int Bp, unsigned nv, i32* out, unsigned* hist,
-                               unsigned long long* vkeys, unsigned* scal, unsigned long long kor,
-                               unsigned long long kand, bool match) {
+// The nv-th smallest K* of Bp unique keys (non-candidates are ~0), without sorting them:
+// MSD radix select with 8-bit histograms over the bytes in which candidate keys differ
+// (kor / kand: OR and AND of every candidate key; a byte they agree on is every
+// candidate's, so its pass is skipped: stamps and 20-bit slots leave several such bytes),
+// stopping at the first byte whose chosen bin holds exactly the keys still needed (then K*
+// is that bin's largest possible key). The victims are the candidates with keys <= K*.
+// Histogram counts are warp-aggregated with match (select_mode 1, "radix_match"), else
+// one shared atomic per key (select_mode 2, "radix": faster on the H200). Block-uniform
+// result; ends with a barrier.
+__device__ unsigned long long select_kstar(const unsigned long long* keys, int Bp, unsigned nv, unsigned* hist,
+                                           unsigned* scal, unsigned long long kor, unsigned long long kand,
+                                           bool match) {
     const int lane = threadIdx.x & 31;
     const unsigned long long vary = kor ^ kand;
     unsigned long long mask = 0;  // bytes decided so far ...
@@ -78,26 +75,35 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
         if (whole_bin) break;
     }
     TRACE(11);  // select: radix passes
-    const unsigned long long kstar = prefix | ~mask;  // = prefix once every byte is decided
-    if (threadIdx.x == 0) scal[2] = 0;
-    __syncthreads();
-    for (int s0 = 0; s0 < Bp; s0 += NT) {
-        const int s = s0 + threadIdx.x;
-        const unsigned long long key = s < Bp ? keys[s] : ~0ull;
-        const bool take = key != ~0ull && key <= kstar;
-        const unsigned bal = __ballot_sync(0xffffffffu, take);
-        unsigned base = 0;
-        if (lane == 0 && bal) base = atomicAdd(&scal[2], (unsigned)__popc(bal));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        if (take) vkeys[base + __popc(bal & ((1u << lane) - 1u))] = key;
+    return prefix | ~mask;  // = prefix once every byte is decided
+}
+
+// The victims' slot bitmap (Bp / 32 words at vbm, keys indexed by slot: bit s set where
+// keys[s] is a candidate's key <= kstar), one ballot per warp and word. Every thread calls it.
+__device__ __forceinline__ void victim_bits(const unsigned long long* keys, int Bp, unsigned long long kstar,
+                                            unsigned* vbm) {
+    for (int s = threadIdx.x; s < Bp; s += NT) {  // Bp, NT: multiples of 32 (whole words)
+        const unsigned long long key = keys[s];
+        const unsigned word = __ballot_sync(0xffffffffu, key != ~0ull && key <= kstar);
+        if (!(threadIdx.x & 31)) vbm[s >> 5] = word;
     }
-    __syncthreads();
-    TRACE(12);  // select: keys <= K* compacted
-    for (int i = threadIdx.x; i < (int)nv; i += NT) {
-        const unsigned long long key = vkeys[i];
-        unsigned r = 0;
-        for (int j = 0; j < (int)nv; ++j) r += vkeys[j] < key;
-        out[r] = (i32)(key & 0xFFFFFull);
+}
+
+// The set bits of bm [0, Hp) in ascending order into out (the victims in slot order);
+// thread t lists a contiguous chunk of words. Every thread calls it (block_scan syncs).
+__device__ __forceinline__ void list_bits(const unsigned* bm, int Hp, i32* __restrict__ out, unsigned* tmp) {
+    const int chunk = (Hp + NT - 1) / NT, lo = threadIdx.x * chunk, hi = min(Hp, lo + chunk);
+    unsigned c = 0;
+    for (int w = lo; w < hi; ++w) c += __popc(bm[w]);
+    unsigned total;
+    unsigned i = block_scan(c, tmp, &total);
+    for (int w = lo; w < hi; ++w) {
+        unsigned bits = bm[w];
+        while (bits) {
+            const int bit = __ffs(bits) - 1;
+            bits &= bits - 1;
+            out[i++] = (i32)(w * 32 + bit);
+        }
     }
 }
 
@@ -105,9 +111,10 @@ __device__ void select_victims(const unsigned long long* keys, int Bp, unsigned 
 // it, after pass 1): the misses' prefix, pass 2 (a miss entry's location becomes its encoded
 // rank among the misses), the misses listed in ascending row order (published for the
 // commit's preload on the sync-free path), the LRU keys of the candidate slots and the
-// victims' order. Returns the distinct misses m, the victims nv and whether S_EARLY went
-// out. tmp: the lookup's scan scratch; n_cand: its candidate count (0 on entry). Out of
-// line it gained nothing measurable (H200, 14ec96c, run 66), so it is inlined.
+// victims (the nv first in LRU order, listed in slot order). Returns the distinct misses m,
+// the victims nv and whether S_EARLY went out. tmp: the lookup's scan scratch; n_cand: its
+// candidate count (0 on entry). Out of line it gained nothing measurable (H200, 14ec96c,
+// run 66), so it is inlined.
 struct MissPath {
     unsigned m, nv;
     bool published;
@@ -121,10 +128,9 @@ __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const
     extern __shared__ __align__(16) unsigned char smem[];  // lookup_body's layout
     __shared__ unsigned kbits[4];  // OR (lo, hi) and AND (lo, hi) of the candidate LRU keys
     __shared__ unsigned hist[256], scal[4];
-    __shared__ unsigned long long vkeys[SELECT_MAX];
     const int Wp = (W + 3) & ~3, Hp = Bp >> 5;
     unsigned* miss_bm = reinterpret_cast<unsigned*>(smem);
-    const unsigned* hit_bm = miss_bm + Wp;
+    unsigned* hit_bm = miss_bm + Wp;  // the victims' slot bitmap once the LRU keys are built
     u16* miss_pre = reinterpret_cast<u16*>(miss_bm + Wp + Hp);
     unsigned long long* keys = reinterpret_cast<unsigned long long*>(smem + (size_t)6 * Wp + (size_t)4 * Hp);
     if (threadIdx.x < 4) kbits[threadIdx.x] = threadIdx.x < 2 ? 0u : ~0u;  // before bitmap_prefix's barriers
@@ -209,17 +215,39 @@ __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const
     }
     __syncthreads();
     TRACE(9);  // LRU keys built
-    const unsigned nv = min(m, *n_cand);
-    if (select_mode >= 1 && nv <= SELECT_MAX && nv > 0) {
-        select_victims(keys, Bp, nv, victims + (i64)b * B, hist, vkeys, scal,
-                       ((unsigned long long)kbits[1] << 32) | kbits[0],
-                       ((unsigned long long)kbits[3] << 32) | kbits[2], select_mode == 1);
+    // the victims: the nv candidates first in LRU order ((stamp, slot) ascending), taken by
+    // the misses (ascending rows) in slot order; the hit bitmap (read above) holds them
+    const unsigned nc = *n_cand, nv = min(m, nc);
+    if (nv == 0) {
+    } else if (nv == nc) {  // every candidate (cold calls): no order needed
+        victim_bits(keys, Bp, ~0ull - 1, hit_bm);
+    } else if (select_mode >= 1 && nv <= SELECT_MAX) {
+        victim_bits(keys, Bp,
+                    select_kstar(keys, Bp, nv, hist, scal, ((unsigned long long)kbits[1] << 32) | kbits[0],
+                                 ((unsigned long long)kbits[3] << 32) | kbits[2], select_mode == 1),
+                    hit_bm);
     } else {
+        for (int i = threadIdx.x; i < Hp; i += NT) hit_bm[i] = 0u;
         if (Bp == SORT_N) sort_registers(keys);
         else sort_smem(keys, Bp);
-        for (int i = threadIdx.x; i < (int)nv; i += NT)
-            victims[(i64)b * B + i] = (i32)(keys[i] & 0xFFFFFull);
+        __syncthreads();
+        // the first nv in LRU order into the bitmap, one OR per warp and word (sorted keys
+        // of a cold cache have ascending slots: a shared atomic per key made cold calls at
+        // batch 1 3-6 us slower, H200, runs 74-80)
+        for (int i0 = 0; i0 < (int)nv; i0 += NT) {  // uniform trip count: whole warps
+            const int i = i0 + threadIdx.x;
+            const bool in = i < (int)nv;
+            const unsigned s = in ? (unsigned)(keys[i] & 0xFFFFFull) : 0u, act = __ballot_sync(0xffffffffu, in);
+            if (in) {
+                const unsigned peers = __match_any_sync(act, s >> 5);
+                const unsigned bits = __reduce_or_sync(peers, 1u << (s & 31));
+                if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicOr(&hit_bm[s >> 5], bits);
+            }
+        }
     }
+    __syncthreads();
+    if (nv) list_bits(hit_bm, Hp, victims + (i64)b * B, tmp);
+    TRACE(12);  // victims listed
     return MissPath{m, nv, published};
 }
 

@@ -17,7 +17,7 @@ MAX_COMMIT_PARTS = 8  # DHISPARSE_COMMIT_PARTS / commit(parts=)
 
 
 def default_select() -> str:
-    """Victim ordering of ``lookup``: ``DHISPARSE_VICTIM_SELECT`` (radix | radix_match |
+    """Victim choice of ``lookup``: ``DHISPARSE_VICTIM_SELECT`` (radix | radix_match |
     sort), default radix. The register bitonic sort of 4096 keys costs ~20 us more at batch
     1 and 20% misses (H200, 612df49: 72.6 vs 52.3 us per call); an already sorted cache
     (cold: stamps 0, slot order) skips it after one check either way. radix_match counts the

@@ -1,4 +1,5 @@
-"""Resolver: LRU victim order, protection, union dedup, staging, direct skip, topologies."""
+"""Resolver: LRU victims taken in slot order, protection, union dedup, staging, direct
+skip, topologies."""
 
 from __future__ import annotations
 
@@ -57,18 +58,18 @@ def test_lru_victims_follow_stamp_then_slot_order(device: str) -> None:
     h.check()
 
 
-def test_misses_take_the_lru_victims_oldest_first(device: str) -> None:
+def test_misses_take_the_lru_victims_in_slot_order(device: str) -> None:
     h = host_request(device)
     h.resolve(["a"], [[[0, 1, 2]]])  # epoch 1: stamps [1, 1, 1]
     for row in (0, 1):  # epochs 2, 3: stamps [2, 3, 1]
         h.group.readers_finished()
         h.resolve(["a"], [[[row]]])
     h.group.readers_finished()
-    plan = h.resolve(["a"], [[[8, 7]]])  # victims: slot 2 (stamp 1), then slot 0 (stamp 2)
-    assert h.hot_rows("a") == [8, 1, 7]  # rows ascending take them in that order
+    plan = h.resolve(["a"], [[[8, 7]]])  # victims: slots 2 and 0 (LRU), taken in slot order
+    assert h.hot_rows("a") == [7, 1, 8]
     assert plan.copy_rows.tolist() == [7, 8]
-    assert plan.copy_dst.tolist() == h.hot_locs("a", [2, 0])
-    assert plan.locations.tolist() == [[h.hot_locs("a", [0, 2])]]
+    assert plan.copy_dst.tolist() == h.hot_locs("a", [0, 2])
+    assert plan.locations.tolist() == [[h.hot_locs("a", [2, 0])]]
     assert h.group.request("a").hot_stamp.tolist() == [4, 3, 4]
     h.check()
 

@@ -280,9 +280,9 @@ STAMP_PATTERNS = {  # LRU stamps of slot s (before the clock moves past them)
 @pytest.mark.gpu
 @pytest.mark.parametrize("pattern", list(STAMP_PATTERNS))
 @pytest.mark.parametrize("select", ["radix", "sort", "radix_match"])
-def test_victims_follow_lru_order_whatever_the_stamps(pattern: str, select: str,
+def test_victims_are_the_lru_ones_whatever_the_stamps(pattern: str, select: str,
                                                       monkeypatch) -> None:
-    """The victim select against the reference's LRU order on crafted stamps: all equal,
+    """The victim select against the reference's LRU victims on crafted stamps: all equal,
     a few values, runs of 16, 40-bit values, two far-apart values (the radix select skips
     the key bytes every candidate shares and stops at a bin holding exactly the keys still
     needed; the paths a random history seldom reaches)."""

@@ -17,9 +17,12 @@ Per request r (requests are independent; only the staging arena is shared):
    the lookup is *direct* and steps 2-3 are skipped (no LRU state changes).
 2. hot: ``D`` = sorted distinct remaining rows (the union over the K queries, eq. 6).
    Rows found in ``hot_rows`` (scan bounded by B) are hits: stamp = protect = epoch.
-3. host: the remaining rows (ascending) take victim slots in LRU order — unprotected
-   (``hot_protect <= finished_epoch``), not hit this round, by (stamp, slot) ascending;
-   rows beyond the victims go to the staging arena (ascending rows, FIFO arena rows).
+3. host: the remaining rows (ascending) take victim slots — the first in LRU order of
+   the unprotected (``hot_protect <= finished_epoch``) slots not hit this round, by
+   (stamp, slot) ascending — in slot order (every victim gets this epoch's stamp, so no
+   pairing is more LRU than another; the kernel lists slot order from a bitmap instead of
+   ranking the victims by key, kernels/resolver_lookup.cu); rows beyond the victims go to
+   the staging arena (ascending rows, FIFO arena rows).
    Each distinct row is copied from host once; the copy list is sorted by (batch, row),
    i.e. by host address within a request.
 
@@ -72,7 +75,7 @@ class _Lookup:
     rest: torch.Tensor  # bool [K*k], entries needing steps 2-3
     need: torch.Tensor  # int64 [u] sorted distinct rows of the rest
     need_hit_slot: torch.Tensor  # int64 [u] hot slot of a hit, -1 for a miss
-    victims: torch.Tensor  # int64 [h] slots taken by the first h misses
+    victims: torch.Tensor  # int64 [h] slots taken by the first h misses, ascending
     misses: torch.Tensor  # int64 [m] missed rows, ascending
     counts: SelectionCounts
 
@@ -218,10 +221,10 @@ def _lookup(group: SourceGroup, state: RequestState, sel: torch.Tensor) -> _Look
     match = need[:, None] == state.hot_rows[None, :]  # [u, B]
     hit = match.any(dim=1)
     need_hit_slot = torch.where(hit, match.to(torch.int8).argmax(dim=1), -1)
-    # step 3: misses take unprotected LRU victims, the rest go to staging
+    # step 3: misses take the unprotected LRU victims (in slot order), the rest go to staging
     candidates = (state.hot_protect <= group.finished_epoch) & ~match.any(dim=0)
     misses = need[~hit]
-    victims = lru_order(state.hot_stamp, candidates)[: misses.numel()]
+    victims = lru_order(state.hot_stamp, candidates)[: misses.numel()].sort().values
     entry_hit = hit[torch.searchsorted(need, flat[rest])]
     counts.hot = int(entry_hit.sum())
     counts.host = int((~entry_hit).sum())
