@@ -190,7 +190,7 @@ def lookup(
     dev = selections.device.index
     func, flags, threads = lookup_variant()
     ranked = kernel("resolver", func + "_rank", dev, True, flags)
-    cap = dynamic_shared_cap(ranked, dev)  # 227 KB opt-in minus 9.5 KB static (ptxas -v)
+    cap = dynamic_shared_cap(ranked, dev)  # 227 KB opt-in minus 1.25 KB static (ptxas -v)
     fits = lookup_shared_bytes(words, pow2, True) <= cap
     rank = hit_form(hits, hot_slots, fits, batch, sm_count(dev)) == "rank"
     fn = ranked
