@@ -277,23 +277,33 @@ STAMP_PATTERNS = {  # LRU stamps of slot s (before the clock moves past them)
 }
 
 
+VICTIM_SIZES = {  # hot slots, selections per query, history rows
+    "B600": (600, 300, (2000, 3000)),
+    # past the register sort (B > 4096: the shared-memory sort) with > 1024 misses a request
+    "B6000": (6000, 2000, (9000, 10000)),
+}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("size", list(VICTIM_SIZES))
 @pytest.mark.parametrize("pattern", list(STAMP_PATTERNS))
 @pytest.mark.parametrize("select", ["radix", "sort", "radix_match"])
-def test_victims_are_the_lru_ones_whatever_the_stamps(pattern: str, select: str,
+def test_victims_are_the_lru_ones_whatever_the_stamps(pattern: str, select: str, size: str,
                                                       monkeypatch) -> None:
     """The victim select against the reference's LRU victims on crafted stamps: all equal,
     a few values, runs of 16, 40-bit values, two far-apart values (the radix select skips
     the key bytes every candidate shares and stops at a bin holding exactly the keys still
-    needed; the paths a random history seldom reaches)."""
+    needed; the paths a random history seldom reaches); B within and past the register
+    sort."""
     from kernels import dropin
 
     monkeypatch.setenv("DHISPARSE_VICTIM_SELECT", select)
+    hot, k, history = VICTIM_SIZES[size]
     seed = random.randrange(1 << 30)
-    h_ref, h_k, rids = make_pair(seed, 3, 2, 600, 4096, 16, layers=1,
-                                 imported_range=(2000, 3000), ref_device=REF_DEVICE)
+    h_ref, h_k, rids = make_pair(seed, 3, 2, hot, 4096, 16, layers=1,
+                                 imported_range=history, ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(seed)
-    check_round(h_ref, h_k, rids, selections(h_ref, rids, 2, 300, 0.0, gen))  # fill the caches
+    check_round(h_ref, h_k, rids, selections(h_ref, rids, 2, k, 0.0, gen))  # fill the caches
     for rnd in range(3):
         for h, release in ((h_ref, ref.release_staging), (h_k, dropin.release_staging)):
             h.group.readers_finished()
@@ -309,8 +319,10 @@ def test_victims_are_the_lru_ones_whatever_the_stamps(pattern: str, select: str,
         for h in (h_ref, h_k):  # epochs move on past every stamp
             h.group.clock = h.group.finished_epoch = max(h.group.clock, top)
         assert_same(snapshot(h_ref), snapshot(h_k))
-        plan = check_round(h_ref, h_k, rids, selections(h_ref, rids, 2, 300, 0.3, gen))
+        plan = check_round(h_ref, h_k, rids, selections(h_ref, rids, 2, k, 0.3, gen))
         assert plan is not None and plan.copy_rows.numel() > 0
+        if size == "B6000":  # the shared-memory sort's case: > 1024 misses in a request
+            assert plan.copy_rows.numel() > 1024 * len(rids), plan.copy_rows.numel()
 
 
 @pytest.mark.gpu
