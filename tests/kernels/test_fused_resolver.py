@@ -277,10 +277,10 @@ STAMP_PATTERNS = {  # LRU stamps of slot s (before the clock moves past them)
 }
 
 
-VICTIM_SIZES = {  # hot slots, selections per query, history rows
-    "B600": (600, 300, (2000, 3000)),
+VICTIM_SIZES = {  # hot slots, selections per query, history rows, share of held rows
+    "B600": (600, 300, (2000, 3000), 0.3),
     # past the register sort (B > 4096: the shared-memory sort) with > 1024 misses a request
-    "B6000": (6000, 2000, (9000, 10000)),
+    "B6000": (6000, 2400, (9000, 10000), 0.05),
 }
 
 
@@ -298,7 +298,7 @@ def test_victims_are_the_lru_ones_whatever_the_stamps(pattern: str, select: str,
     from kernels import dropin
 
     monkeypatch.setenv("DHISPARSE_VICTIM_SELECT", select)
-    hot, k, history = VICTIM_SIZES[size]
+    hot, k, history, hit_frac = VICTIM_SIZES[size]
     seed = random.randrange(1 << 30)
     h_ref, h_k, rids = make_pair(seed, 3, 2, hot, 4096, 16, layers=1,
                                  imported_range=history, ref_device=REF_DEVICE)
@@ -319,10 +319,11 @@ def test_victims_are_the_lru_ones_whatever_the_stamps(pattern: str, select: str,
         for h in (h_ref, h_k):  # epochs move on past every stamp
             h.group.clock = h.group.finished_epoch = max(h.group.clock, top)
         assert_same(snapshot(h_ref), snapshot(h_k))
-        plan = check_round(h_ref, h_k, rids, selections(h_ref, rids, 2, k, 0.3, gen))
+        plan = check_round(h_ref, h_k, rids, selections(h_ref, rids, 2, k, hit_frac, gen))
         assert plan is not None and plan.copy_rows.numel() > 0
         if size == "B6000":  # the shared-memory sort's case: > 1024 misses in a request
-            assert plan.copy_rows.numel() > 1024 * len(rids), plan.copy_rows.numel()
+            copies = torch.bincount(plan.copy_batch.cpu(), minlength=len(rids))
+            assert int(copies.max()) > 1024, copies.tolist()
 
 
 @pytest.mark.gpu
