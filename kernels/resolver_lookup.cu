@@ -228,8 +228,14 @@ __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const
                     hit_bm);
     } else {
         for (int i = threadIdx.x; i < Hp; i += NT) hit_bm[i] = 0u;
-        if (Bp == SORT_N) sort_registers(keys);
-        else sort_smem(keys, Bp);
+        // keys already in order (an empty or cold cache; non-candidates' ~0 keys last): the
+        // candidates are slots 0 .. nc - 1, the victims 0 .. nv - 1, in slot order
+        if (Bp == SORT_N && sort_registers(keys)) {  // block-uniform
+            for (int i = threadIdx.x; i < (int)nv; i += NT) victims[(i64)b * B + i] = i;
+            TRACE(12);
+            return MissPath{m, nv, published};
+        }
+        if (Bp != SORT_N) sort_smem(keys, Bp);
         __syncthreads();
         // the first nv in LRU order into the bitmap, one OR per warp and word (sorted keys
         // of a cold cache have ascending slots: a shared atomic per key made cold calls at

@@ -29,9 +29,10 @@ __device__ __forceinline__ void bitonic_in_thread(unsigned long long (&v)[KPT], 
 // in registers. Partners < KPT apart are in the same thread, < 32 KPT apart in the same warp
 // (shuffles); only the stages with partners further apart go through shared memory and a
 // barrier (15 of 78 at KPT = 4, 10 at 8). Already-sorted input (an empty or cold cache:
-// stamps 0, slot order) returns after one check. Replaces a shared-memory bitonic sort (one
-// barrier per stage) that cost ~45 us per request on the H200 (2%-miss, batch 1).
-__device__ void sort_registers(unsigned long long* keys) {
+// stamps 0, slot order) returns true after one check, keys untouched; else false. Replaces a
+// shared-memory bitonic sort (one barrier per stage) that cost ~45 us per request on the
+// H200 (2%-miss, batch 1).
+__device__ bool sort_registers(unsigned long long* keys) {
     const int t = threadIdx.x;
     unsigned long long v[KPT];
 #pragma unroll
@@ -39,7 +40,7 @@ __device__ void sort_registers(unsigned long long* keys) {
     bool ok = t == NT - 1 || v[KPT - 1] <= keys[KPT * t + KPT];
 #pragma unroll
     for (int r = 0; r + 1 < KPT; ++r) ok = ok && v[r] <= v[r + 1];
-    if (__syncthreads_and(ok)) return;
+    if (__syncthreads_and(ok)) return true;
     for (int kk = 2; kk <= SORT_N; kk <<= 1) {
         for (int j = kk >> 1; j > 0; j >>= 1) {
             if (j >= 32 * KPT) {
@@ -66,6 +67,7 @@ __device__ void sort_registers(unsigned long long* keys) {
 #pragma unroll
     for (int r = 0; r < KPT; ++r) keys[KPT * t + r] = v[r];
     __syncthreads();
+    return false;
 }
 
 // Generic shared-memory bitonic sort of n (a power of two > SORT_N) keys.
