@@ -14,10 +14,11 @@ first rows go out before the lookup ends; by default the preload prefetches the 
 of a TMA call's rows into L2, since run 72; ``-DRESOLVER_NO_TMA_WARM`` does not);
 the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inlined
 (``-DRESOLVER_COPY_NOINLINE``), their 64-bit form inlined (``-DRESOLVER_WIDE_INLINE``; out of
-line by default since run 64). Switches that measured nothing were removed with their
-variants: the lookup's sort, its miss path, the batch sums and a copy block's copies out of
-line, never-run padding code (runs 64-67, bench/README.md), more rows warmed in L2 (run 73),
-the victims listed in LRU order against slot order (runs 76 and 79).
+line by default since run 64); the lookup in two 512-thread blocks per SM
+(``DHISPARSE_LOOKUP_BLOCKS=2x512``, ``LOOKUP_BLOCKS``). Switches that measured nothing were
+removed with their variants: the lookup's sort, its miss path, the batch sums and a copy
+block's copies out of line, never-run padding code (runs 64-67, bench/README.md), more rows
+warmed in L2 (run 73), the victims listed in LRU order against slot order (runs 76 and 79).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -57,7 +59,11 @@ VARIANTS = {
     "plain_commit_carveout100": (False, -1, 100, None, (), True, None),
     "tma_lookup_carveout0": (True, 0, -1, None, (), True, None),
     "plain_lookup_carveout0": (False, 0, -1, None, (), True, None),
+    "plain_lookup2x512": (False, -1, -1, None, (), True, None),
+    "tma_lookup2x512": (True, -1, -1, None, (), True, None),
 }
+# the lookup's shape (DHISPARSE_LOOKUP_BLOCKS) where a variant sets it; else the default's
+LOOKUP_BLOCKS = {"plain_lookup2x512": "2x512", "tma_lookup2x512": "2x512"}
 
 
 class Launches:
@@ -211,6 +217,7 @@ def main() -> None:
                     wrap.lookup_carveout, wrap.commit_carveout = lookup_cv, commit_cv
                     wrap.shared = kres.TMA_ROWS * item if shared == "tma" else shared
                     wrap.flags, case.tma, case.early = flags, tma, early
+                    os.environ["DHISPARSE_LOOKUP_BLOCKS"] = LOOKUP_BLOCKS.get(name, "auto")
 
                 # each variant: its check and warm-up calls, then its timed calls, each call
                 # on its own row window from the variant's first one
@@ -241,6 +248,7 @@ def main() -> None:
             del st, pool
     finally:
         wrap.restore()
+        os.environ.pop("DHISPARSE_LOOKUP_BLOCKS", None)
     # the commit kernels' registers and spills as loaded (the plain one, the TMA one; W 16)
     for fn_name in ("resolve_commit_16", "resolve_commit_16_tma"):
         fn = kernel("resolver", fn_name, 0, fn_name.endswith("tma"), kres.defines())

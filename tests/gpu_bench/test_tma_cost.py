@@ -13,6 +13,7 @@ import torch
 from bench.resolver.pool import State, missed_rows, windows_of
 from bench.resolver.tma_cost import (
     DEFAULT_VARIANTS,
+    LOOKUP_BLOCKS,
     VARIANTS,
     Launches,
     differences,
@@ -30,6 +31,15 @@ def test_every_diagnostic_build_names_a_switch_of_the_resolver_source() -> None:
     for flag in flags:
         name = flag.removeprefix("-D").split("=")[0]
         assert re.search(rf"#\s*if(n?def)?\s+{name}\b", src), f"{name}: not in the source"
+
+
+def test_every_lookup_shape_variant_names_a_shape_the_wrapper_knows(monkeypatch) -> None:
+    from kernels.resolver_settings import LOOKUP_SHAPES, lookup_shape
+
+    assert LOOKUP_BLOCKS and set(LOOKUP_BLOCKS) <= set(VARIANTS)
+    for name, shape in LOOKUP_BLOCKS.items():
+        monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", shape)
+        assert lookup_shape() == LOOKUP_SHAPES[shape] != LOOKUP_SHAPES["1"], name
 
 
 def test_the_default_variants_read_fresh_rows_in_every_call_of_a_round() -> None:
