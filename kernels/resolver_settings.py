@@ -109,7 +109,9 @@ def lookup_shape() -> tuple[int, int]:
       flight. Faster without misses above the SM count (batch 160: 28.0 vs 30.2 us, 2%:
       225.0 vs 227.2) but slower where the copies dominate (20%: 1539.0 vs 1479.2; cold
       4941 vs 4725 us, 1152 B 7828 vs 7574; with 16 copy blocks 5634 vs 4621: the copy
-      blocks land on other SMs behind it), so not the default. Its register sort holds
+      blocks land on other SMs behind it), so not the default. Again at 567ce2e (run 85,
+      rank form, call by call): no misses 22.0-22.5 vs 27.4-27.9 us at batch 160, but 20%
+      misses +39.8 / +43.5 us and cold +52.5 / +33.9 (656 / 1152 B). Its register sort holds
       8 keys per thread, all of B = 4096 (2d7f0b1; before, 4 per thread and the
       shared-memory sort above 2048 keys).
 
