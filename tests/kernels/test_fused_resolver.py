@@ -279,31 +279,39 @@ STAMP_PATTERNS = {  # LRU stamps of slot s (before the clock moves past them)
 
 VICTIM_SIZES = {  # hot slots, selections per query, history rows, share of held rows
     "B600": (600, 300, (2000, 3000), 0.3),
-    # past the register sort (B > 4096: the shared-memory sort) with > 1024 misses a request
+    # > 1024 misses a request (past the radix select: the sort) with B = 4096 (the register
+    # sort; the cold fill round's keys are already in order: the in-order shortcut) and B =
+    # 6000 (the shared-memory sort)
+    "B4096": (4096, 2400, (9000, 10000), 0.05),
     "B6000": (6000, 2400, (9000, 10000), 0.05),
 }
+VICTIM_SHAPES = [("B600", "1"), ("B4096", "1"), ("B4096", "2x512"), ("B6000", "1")]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("size", list(VICTIM_SIZES))
+@pytest.mark.parametrize("size,shape", VICTIM_SHAPES, ids=lambda v: v)
 @pytest.mark.parametrize("pattern", list(STAMP_PATTERNS))
 @pytest.mark.parametrize("select", ["radix", "sort", "radix_match"])
 def test_victims_are_the_lru_ones_whatever_the_stamps(pattern: str, select: str, size: str,
-                                                      monkeypatch) -> None:
+                                                      shape: str, monkeypatch) -> None:
     """The victim select against the reference's LRU victims on crafted stamps: all equal,
     a few values, runs of 16, 40-bit values, two far-apart values (the radix select skips
     the key bytes every candidate shares and stops at a bin holding exactly the keys still
-    needed; the paths a random history seldom reaches); B within and past the register
-    sort."""
+    needed; the paths a random history seldom reaches); B within, at and past the register
+    sort, the 1024-thread lookup and the 512-thread one (8 keys a thread)."""
     from kernels import dropin
 
     monkeypatch.setenv("DHISPARSE_VICTIM_SELECT", select)
+    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", shape)
     hot, k, history, hit_frac = VICTIM_SIZES[size]
     seed = random.randrange(1 << 30)
     h_ref, h_k, rids = make_pair(seed, 3, 2, hot, 4096, 16, layers=1,
                                  imported_range=history, ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(seed)
-    check_round(h_ref, h_k, rids, selections(h_ref, rids, 2, k, 0.0, gen))  # fill the caches
+    fill = check_round(h_ref, h_k, rids, selections(h_ref, rids, 2, k, 0.0, gen))  # cold caches
+    if size != "B600":  # > 1024 victims a request out of a cold cache: the sort's path
+        assert fill is not None
+        assert int(fill.copy_batch.cpu().bincount(minlength=len(rids)).min()) > 1024
     for rnd in range(3):
         for h, release in ((h_ref, ref.release_staging), (h_k, dropin.release_staging)):
             h.group.readers_finished()
@@ -321,7 +329,7 @@ def test_victims_are_the_lru_ones_whatever_the_stamps(pattern: str, select: str,
         assert_same(snapshot(h_ref), snapshot(h_k))
         plan = check_round(h_ref, h_k, rids, selections(h_ref, rids, 2, k, hit_frac, gen))
         assert plan is not None and plan.copy_rows.numel() > 0
-        if size == "B6000":  # the shared-memory sort's case: > 1024 misses in a request
+        if size != "B600":  # the sort's case: > 1024 misses in a request
             copies = torch.bincount(plan.copy_batch.cpu(), minlength=len(rids))
             assert int(copies.max()) > 1024, copies.tolist()
 
