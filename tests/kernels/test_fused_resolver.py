@@ -282,8 +282,8 @@ VICTIM_SIZES = {  # hot slots, selections per query, history rows, share of held
     # > 1024 misses a request (past the radix select: the sort) with B = 4096 (the register
     # sort; the cold fill round's keys are already in order: the in-order shortcut) and B =
     # 6000 (the shared-memory sort)
-    "B4096": (4096, 2400, (9000, 10000), 0.05),
-    "B6000": (6000, 2400, (9000, 10000), 0.05),
+    "B4096": (4096, 2400, (30000, 32000), 0.05),
+    "B6000": (6000, 2400, (30000, 32000), 0.05),
 }
 VICTIM_SHAPES = [("B600", "1"), ("B4096", "1"), ("B4096", "2x512"), ("B6000", "1")]
 
