@@ -89,6 +89,18 @@ __device__ __forceinline__ void victim_bits(const unsigned long long* keys, int 
     }
 }
 
+// The set bits of bitmap word w in ascending order, as w * 32 + bit, into out from i;
+// returns the next i.
+template <typename T>
+__device__ __forceinline__ unsigned list_word(unsigned bits, int w, T* __restrict__ out, unsigned i) {
+    while (bits) {
+        const int bit = __ffs(bits) - 1;
+        bits &= bits - 1;
+        out[i++] = (T)w * 32 + bit;
+    }
+    return i;
+}
+
 // The set bits of bm [0, Hp) in ascending order into out (the victims in slot order);
 // thread t lists a contiguous chunk of words. Every thread calls it (block_scan syncs).
 __device__ __forceinline__ void list_bits(const unsigned* bm, int Hp, i32* __restrict__ out, unsigned* tmp) {
@@ -97,14 +109,7 @@ __device__ __forceinline__ void list_bits(const unsigned* bm, int Hp, i32* __res
     for (int w = lo; w < hi; ++w) c += __popc(bm[w]);
     unsigned total;
     unsigned i = block_scan(c, tmp, &total);
-    for (int w = lo; w < hi; ++w) {
-        unsigned bits = bm[w];
-        while (bits) {
-            const int bit = __ffs(bits) - 1;
-            bits &= bits - 1;
-            out[i++] = (i32)(w * 32 + bit);
-        }
-    }
+    for (int w = lo; w < hi; ++w) i = list_word(bm[w], w, out, i);
 }
 
 // The lookup's miss path, for a request with host misses (every thread of the block calls
@@ -159,14 +164,7 @@ __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const
     TRACE(5);  // pass 2 (thread 0's share)
     // misses in ascending row order
     const int chunk = (W + NT - 1) / NT, lo = threadIdx.x * chunk, hi = min(W, lo + chunk);
-    for (int w = lo; w < hi; ++w) {
-        unsigned bits = miss_bm[w], i = miss_pre[w];
-        while (bits) {
-            const int bit = __ffs(bits) - 1;
-            bits &= bits - 1;
-            misses[(i64)b * Kk + i++] = (i64)w * 32 + bit;
-        }
-    }
+    for (int w = lo; w < hi; ++w) list_word(miss_bm[w], w, misses + (i64)b * Kk, miss_pre[w]);
     // step 3: candidates = unprotected non-hit slots, keyed (stamp, slot); then the
     // nv first in LRU order, (stamp, slot) ascending. Every key of [0, Bp) is
     // written (~0 = not a candidate).
