@@ -15,7 +15,7 @@ of a TMA call's rows into L2, since run 72; ``-DRESOLVER_NO_TMA_WARM`` does not)
 the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inlined
 (``-DRESOLVER_COPY_NOINLINE``), their 64-bit form inlined (``-DRESOLVER_WIDE_INLINE``; out of
 line by default since run 64); the lookup in two 512-thread blocks per SM
-(``DHISPARSE_LOOKUP_BLOCKS=2x512``, ``LOOKUP_BLOCKS``). Switches that measured nothing were
+(``DHISPARSE_LOOKUP_BLOCKS=2x512``, ``Variant.lookup_blocks``). Switches that measured nothing were
 removed with their variants: the lookup's sort, its miss path, the batch sums and a copy
 block's copies out of line, never-run padding code (runs 64-67, bench/README.md), more rows
 warmed in L2 (run 73), the victims listed in LRU order against slot order (runs 76 and 79).
@@ -31,6 +31,7 @@ import json
 import os
 import statistics
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -39,31 +40,48 @@ from bench.resolver.case import Case
 from bench.resolver.pool import State, alloc_host, fill_random, missed_rows, windows_of
 from bench.resolver.report import print_md
 
-# name: (tma, the lookup's carveout, the commit's carveout (-1 = the driver's choice, 0 = the
-# most L1, 100 = the most shared memory), the commit's dynamic shared bytes (None = the
-# wrapper's, "tma" = the TMA kernel's row buffers), extra compile flags, misses allowed, the copy
-# blocks' preload (None = DHISPARSE_COPY_EARLY, False = off))
+
+class Variant(NamedTuple):
+    """How a variant's calls go out."""
+
+    tma: bool  # the TMA commit kernel (else the plain one)
+    lookup_carveout: int = -1  # -1 = the driver's choice, 0 = the most L1, 100 = the most shared
+    commit_carveout: int = -1
+    shared: int | str | None = None  # the commit's dynamic shared bytes: None = the wrapper's,
+    # "tma" = the TMA kernel's row buffers
+    flags: tuple[str, ...] = ()  # extra compile flags
+    misses_ok: bool = True  # runs the cases with misses
+    early: bool | None = None  # the copy blocks' preload: None = DHISPARSE_COPY_EARLY
+    lookup_blocks: str | None = None  # DHISPARSE_LOOKUP_BLOCKS: None = as the environment has it
+
+
 VARIANTS = {
-    "plain": (False, -1, -1, None, (), True, None),
-    "tma": (True, -1, -1, None, (), True, None),
-    "plain_with_tma_shared": (False, -1, -1, "tma", (), True, None),
-    "tma_no_shared": (True, -1, -1, 0, (), False, None),
-    "tma_preload": (True, -1, -1, None, ("-DRESOLVER_TMA_PRELOAD",), True, None),
-    "tma_inline": (True, -1, -1, None, ("-DRESOLVER_TMA_INLINE",), True, None),
-    "plain_copy_noinline": (False, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True, None),
-    "tma_copy_noinline": (True, -1, -1, None, ("-DRESOLVER_COPY_NOINLINE",), True, None),
-    "plain_wide_inline": (False, -1, -1, None, ("-DRESOLVER_WIDE_INLINE",), True, None),
-    "plain_early0": (False, -1, -1, None, (), True, False),
-    "tma_early0": (True, -1, -1, None, (), True, False),
-    "tma_no_warm": (True, -1, -1, None, ("-DRESOLVER_NO_TMA_WARM",), True, None),
-    "plain_commit_carveout100": (False, -1, 100, None, (), True, None),
-    "tma_lookup_carveout0": (True, 0, -1, None, (), True, None),
-    "plain_lookup_carveout0": (False, 0, -1, None, (), True, None),
-    "plain_lookup2x512": (False, -1, -1, None, (), True, None),
-    "tma_lookup2x512": (True, -1, -1, None, (), True, None),
+    "plain": Variant(False),
+    "tma": Variant(True),
+    "plain_with_tma_shared": Variant(False, shared="tma"),
+    "tma_no_shared": Variant(True, shared=0, misses_ok=False),
+    "tma_preload": Variant(True, flags=("-DRESOLVER_TMA_PRELOAD",)),
+    "tma_inline": Variant(True, flags=("-DRESOLVER_TMA_INLINE",)),
+    "plain_copy_noinline": Variant(False, flags=("-DRESOLVER_COPY_NOINLINE",)),
+    "tma_copy_noinline": Variant(True, flags=("-DRESOLVER_COPY_NOINLINE",)),
+    "plain_wide_inline": Variant(False, flags=("-DRESOLVER_WIDE_INLINE",)),
+    "plain_early0": Variant(False, early=False),
+    "tma_early0": Variant(True, early=False),
+    "tma_no_warm": Variant(True, flags=("-DRESOLVER_NO_TMA_WARM",)),
+    "plain_commit_carveout100": Variant(False, commit_carveout=100),
+    "tma_lookup_carveout0": Variant(True, lookup_carveout=0),
+    "plain_lookup_carveout0": Variant(False, lookup_carveout=0),
+    "plain_lookup2x512": Variant(False, lookup_blocks="2x512"),
+    "tma_lookup2x512": Variant(True, lookup_blocks="2x512"),
 }
-# the lookup's shape (DHISPARSE_LOOKUP_BLOCKS) where a variant sets it; else the default's
-LOOKUP_BLOCKS = {"plain_lookup2x512": "2x512", "tma_lookup2x512": "2x512"}
+
+
+def set_env(var: str, value: str | None) -> None:
+    """``var`` = ``value``, or unset where ``value`` is None."""
+    if value is None:
+        os.environ.pop(var, None)
+    else:
+        os.environ[var] = value
 
 
 class Launches:
@@ -118,7 +136,7 @@ UNTIMED = 1 + WARMUP  # its check and warm-ups: the row windows before its timed
 def windows_needed(names: list[str], reps: int, misses: bool) -> int:
     """Row windows one case takes in a round: every variant that runs it (variants without
     misses_ok skip cases with misses) takes its check, WARMUP warm-up calls and reps."""
-    return sum(UNTIMED + reps for n in names if VARIANTS[n][5] or not misses)
+    return sum(UNTIMED + reps for n in names if VARIANTS[n].misses_ok or not misses)
 
 
 def schedule(names: list[str], reps: int, interleave: bool) -> list[tuple[str, int]]:
@@ -202,6 +220,7 @@ def main() -> None:
            "variants": {n: list(map(str, VARIANTS[n])) for n in names}, "results": []}
     t0 = time.time()
     wrap = Launches(kres)
+    blocks = os.environ.get("DHISPARSE_LOOKUP_BLOCKS")  # the lookup shape of the other variants
     try:
         for rnd in range(args.rounds):
             st = State(P, S, B, dev)  # a fresh row order per round: fresh windows
@@ -210,14 +229,15 @@ def main() -> None:
             for bs, prof in cases:
                 m = missed_rows(prof, k)
                 case, off = Case(st, host, pool, item, bs, 1, k, m, False), offs[prof]
-                run = [n for n in names if not m or VARIANTS[n][5]]
+                run = [n for n in names if not m or VARIANTS[n].misses_ok]
 
                 def use(name: str, case=case) -> None:
-                    tma, lookup_cv, commit_cv, shared, flags, _, early = VARIANTS[name]
-                    wrap.lookup_carveout, wrap.commit_carveout = lookup_cv, commit_cv
-                    wrap.shared = kres.TMA_ROWS * item if shared == "tma" else shared
-                    wrap.flags, case.tma, case.early = flags, tma, early
-                    os.environ["DHISPARSE_LOOKUP_BLOCKS"] = LOOKUP_BLOCKS.get(name, "auto")
+                    v = VARIANTS[name]
+                    wrap.lookup_carveout = v.lookup_carveout
+                    wrap.commit_carveout = v.commit_carveout
+                    wrap.shared = kres.TMA_ROWS * item if v.shared == "tma" else v.shared
+                    wrap.flags, case.tma, case.early = v.flags, v.tma, v.early
+                    set_env("DHISPARSE_LOOKUP_BLOCKS", v.lookup_blocks or blocks)
 
                 # each variant: its check and warm-up calls, then its timed calls, each call
                 # on its own row window from the variant's first one
@@ -248,7 +268,7 @@ def main() -> None:
             del st, pool
     finally:
         wrap.restore()
-        os.environ.pop("DHISPARSE_LOOKUP_BLOCKS", None)
+        set_env("DHISPARSE_LOOKUP_BLOCKS", blocks)
     # the commit kernels' registers and spills as loaded (the plain one, the TMA one; W 16)
     for fn_name in ("resolve_commit_16", "resolve_commit_16_tma"):
         fn = kernel("resolver", fn_name, 0, fn_name.endswith("tma"), kres.defines())

@@ -4,6 +4,7 @@ source, and its launch wrapper sets what each variant says on the right launch."
 from __future__ import annotations
 
 import json
+import os
 import re
 import types
 from pathlib import Path
@@ -13,12 +14,12 @@ import torch
 from bench.resolver.pool import State, missed_rows, windows_of
 from bench.resolver.tma_cost import (
     DEFAULT_VARIANTS,
-    LOOKUP_BLOCKS,
     VARIANTS,
     Launches,
     differences,
     differences_md,
     schedule,
+    set_env,
     windows_needed,
 )
 from kernels._loader import source
@@ -26,7 +27,7 @@ from kernels._loader import source
 
 def test_every_diagnostic_build_names_a_switch_of_the_resolver_source() -> None:
     src = source("resolver")
-    flags = {f for v in VARIANTS.values() for f in v[4]}
+    flags = {f for v in VARIANTS.values() for f in v.flags}
     assert flags  # the probe has diagnostic builds to check
     for flag in flags:
         name = flag.removeprefix("-D").split("=")[0]
@@ -36,10 +37,19 @@ def test_every_diagnostic_build_names_a_switch_of_the_resolver_source() -> None:
 def test_every_lookup_shape_variant_names_a_shape_the_wrapper_knows(monkeypatch) -> None:
     from kernels.resolver_settings import LOOKUP_SHAPES, lookup_shape
 
-    assert LOOKUP_BLOCKS and set(LOOKUP_BLOCKS) <= set(VARIANTS)
-    for name, shape in LOOKUP_BLOCKS.items():
+    shapes = {n: v.lookup_blocks for n, v in VARIANTS.items() if v.lookup_blocks is not None}
+    assert shapes  # the probe has lookup shapes to check
+    for name, shape in shapes.items():
         monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", shape)
         assert lookup_shape() == LOOKUP_SHAPES[shape] != LOOKUP_SHAPES["1"], name
+
+
+def test_set_env_sets_or_unsets(monkeypatch) -> None:
+    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", "2")
+    set_env("DHISPARSE_LOOKUP_BLOCKS", "2x512")
+    assert os.environ["DHISPARSE_LOOKUP_BLOCKS"] == "2x512"
+    set_env("DHISPARSE_LOOKUP_BLOCKS", None)
+    assert "DHISPARSE_LOOKUP_BLOCKS" not in os.environ
 
 
 def test_the_default_variants_read_fresh_rows_in_every_call_of_a_round() -> None:
