@@ -289,6 +289,10 @@ __device__ __forceinline__ void lookup_body(
     i64* l_b = locs + (i64)b * Kk;
     const i64 nbits = (i64)W * 32;
     const bool rank = RANK && B > 0;  // block-uniform (the index form compiles without it)
+    // the rank form's cache and its size, loaded with the row's other columns (not after the
+    // fills below): rank_cache's own loads then go out in one round trip
+    i64* const rank_at = rank ? ptr<i64>(row, T_HOT_RANK) : nullptr;
+    const i64 rank_cap = rank ? row[T_RANK_CAP] : 0;
     const size_t held_at = ((size_t)6 * Wp + (size_t)4 * Hp + (size_t)8 * Bp + 15) & ~(size_t)15;
     unsigned* held_bm = reinterpret_cast<unsigned*>(smem + held_at);  // 16-byte groups
     u16* held_pre = reinterpret_cast<u16*>(held_bm + Wp);
@@ -308,7 +312,7 @@ __device__ __forceinline__ void lookup_body(
     }
     bitmap_fill(miss_bm, nullptr, Wp + Hp);
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
-    if (rank) rank_cache(row, B, W, Wp, row[T_RANK_CAP], held_bm, held_pre, keys, tmp);  // syncs
+    if (rank) rank_cache(row, rank_at, B, W, Wp, rank_cap, held_bm, held_pre, keys, tmp);  // syncs
     __syncthreads();
     TRACE(2);  // the rank form's cache in shared memory
 

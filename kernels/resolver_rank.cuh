@@ -16,17 +16,19 @@ __device__ __forceinline__ void prefetch_l2(const void* at) {
 }
 
 // Fills held_bm [Wp] (rows [0, 32 W)), held_pre [Wp] and ent [B] (entries by rank) for the
-// request of `row`; cap = the cache's bitmap words (table T_RANK_CAP). Every thread calls
-// it; ends with a barrier. Held rows < 65536 (u16 prefix; the wrapper keeps B below).
-__device__ void rank_cache(const i64* row, int B, int W, int Wp, i64 cap, unsigned* held_bm, u16* held_pre,
-                           unsigned long long* ent, unsigned* tmp) {
-    i64* rk = ptr<i64>(row, T_HOT_RANK);
+// request of `row`; rk: its hot_rank cache, cap = the cache's bitmap words (table columns
+// T_HOT_RANK and T_RANK_CAP, loaded by the caller with the row's other columns). Every
+// thread calls it; ends with a barrier. Held rows < 65536 (u16 prefix; the wrapper keeps B
+// below).
+__device__ void rank_cache(const i64* row, i64* rk, int B, int W, int Wp, i64 cap, unsigned* held_bm,
+                           u16* held_pre, unsigned long long* ent, unsigned* tmp) {
     i64* cent = rk + RANK_HEAD;                                  // [B rounded up to even]
     unsigned* cbits = reinterpret_cast<unsigned*>(cent + ((B + 1) & ~1));  // [cap], 16-byte aligned
     const int Wl = (int)min((i64)Wp, cap);  // words the cache holds of this call's bitmap
     // header, entries and bitmap loaded together (the entries and bitmap are used only if
     // the header says the cache is valid): one round trip on the common path
     const i64 version = rk[RANK_VERSION], built = rk[RANK_BUILT], covered = rk[RANK_WORDS];
+#ifdef RESOLVER_RANK_TWO_TRIPS
     for (int s0 = threadIdx.x; s0 < B; s0 += 4 * NT) {
         unsigned long long v[4];
 #pragma unroll
@@ -54,6 +56,40 @@ __device__ void rank_cache(const i64* row, int B, int W, int Wp, i64 cap, unsign
                 if (i0 + q * NT < g) d4[i0 + q * NT] = v[q];
         }
     }
+#else
+    {
+        // entries in pairs and bitmap words in fours, 16 bytes a load, in one index space
+        // with every load of a round issued before the first store (one round at NT = 1024
+        // for B = 4096 and 100K rows: 2048 + 782 loads). ent is only 8-byte aligned: a pair
+        // goes into it as two 8-byte stores. ent[B] may be written (B odd): Bp > B.
+        constexpr int R = NT >= 1024 ? 4 : 6;
+        const uint4* e4 = reinterpret_cast<const uint4*>(cent);
+        const uint4* c4 = reinterpret_cast<const uint4*>(cbits);
+        uint2* e2 = reinterpret_cast<uint2*>(ent);
+        uint4* d4 = reinterpret_cast<uint4*>(held_bm);
+        const int ge = (B + 1) >> 1, g = Wp >> 2, gl = Wl >> 2, n = ge + g;  // Wp, cap: multiples of 4
+        for (int i0 = threadIdx.x; i0 < n; i0 += R * NT) {
+            uint4 v[R];
+#pragma unroll
+            for (int q = 0; q < R; ++q) {
+                const int i = i0 + q * NT;
+                const bool entry = i < ge;
+                const uint4* src = entry ? e4 + i : c4 + (i - ge);
+                v[q] = entry || (i < n && i - ge < gl) ? *src : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int q = 0; q < R; ++q) {
+                const int i = i0 + q * NT;
+                if (i < ge) {
+                    e2[2 * i] = make_uint2(v[q].x, v[q].y);
+                    e2[2 * i + 1] = make_uint2(v[q].z, v[q].w);
+                } else if (i < n) {
+                    d4[i - ge] = v[q];
+                }
+            }
+        }
+    }
+#endif
     const int Wc = (int)min((i64)W, cap);
     if (built == version && covered >= Wc) {  // block-uniform
         __syncthreads();
