@@ -28,40 +28,14 @@ __device__ void rank_cache(const i64* row, i64* rk, int B, int W, int Wp, i64 ca
     // header, entries and bitmap loaded together (the entries and bitmap are used only if
     // the header says the cache is valid): one round trip on the common path
     const i64 version = rk[RANK_VERSION], built = rk[RANK_BUILT], covered = rk[RANK_WORDS];
-#ifdef RESOLVER_RANK_TWO_TRIPS
-    for (int s0 = threadIdx.x; s0 < B; s0 += 4 * NT) {
-        unsigned long long v[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int s = s0 + q * NT;
-            v[q] = s < B ? (unsigned long long)cent[s] : 0ull;
-        }
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-            if (s0 + q * NT < B) ent[s0 + q * NT] = v[q];
-    }
-    {
-        const uint4* c4 = reinterpret_cast<const uint4*>(cbits);
-        uint4* d4 = reinterpret_cast<uint4*>(held_bm);
-        const int g = Wp >> 2, gl = Wl >> 2;  // Wp, cap: multiples of 4
-        for (int i0 = threadIdx.x; i0 < g; i0 += 2 * NT) {
-            uint4 v[2];
-#pragma unroll
-            for (int q = 0; q < 2; ++q) {
-                const int i = i0 + q * NT;
-                v[q] = i < gl ? c4[i] : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int q = 0; q < 2; ++q)
-                if (i0 + q * NT < g) d4[i0 + q * NT] = v[q];
-        }
-    }
-#else
     {
         // entries in pairs and bitmap words in fours, 16 bytes a load, in one index space
         // with every load of a round issued before the first store (one round at NT = 1024
         // for B = 4096 and 100K rows: 2048 + 782 loads). ent is only 8-byte aligned: a pair
-        // goes into it as two 8-byte stores. ent[B] may be written (B odd): Bp > B.
+        // goes into it as two 8-byte stores. ent[B] may be written (B odd): Bp > B. Before
+        // (8-byte entry loads, then the bitmap's, then the table's columns after the fills:
+        // three dependent round trips) batch 160 took 0.8-1.1 us more without misses and
+        // 15-78 us more at 20% misses (H200, 6a30582, run 86, call by call).
         constexpr int R = NT >= 1024 ? 4 : 6;
         const uint4* e4 = reinterpret_cast<const uint4*>(cent);
         const uint4* c4 = reinterpret_cast<const uint4*>(cbits);
@@ -89,7 +63,6 @@ __device__ void rank_cache(const i64* row, i64* rk, int B, int W, int Wp, i64 ca
             }
         }
     }
-#endif
     const int Wc = (int)min((i64)W, cap);
     if (built == version && covered >= Wc) {  // block-uniform
         __syncthreads();

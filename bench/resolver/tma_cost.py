@@ -15,12 +15,13 @@ of a TMA call's rows into L2, since run 72; ``-DRESOLVER_NO_TMA_WARM`` does not)
 the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inlined
 (``-DRESOLVER_COPY_NOINLINE``), their 64-bit form inlined (``-DRESOLVER_WIDE_INLINE``; out of
 line by default since run 64); the lookup in two 512-thread blocks per SM
-(``DHISPARSE_LOOKUP_BLOCKS=2x512``, ``Variant.lookup_blocks``); the rank form's cache read
-in its earlier three dependent round trips (``-DRESOLVER_RANK_TWO_TRIPS``). Switches that
-measured nothing were removed with their variants: the lookup's sort, its miss path, the
-batch sums and a copy block's copies out of line, never-run padding code (runs 64-67,
+(``DHISPARSE_LOOKUP_BLOCKS=2x512``, ``Variant.lookup_blocks``). Switches that measured
+nothing were removed with their variants: the lookup's sort, its miss path, the batch sums
+and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
-slot order (runs 76 and 79).
+slot order (runs 76 and 79); so were those whose question was answered: the rank form's
+cache read in three dependent round trips (``*_rank2trips``, run 86: the one-round-trip
+read is the default since).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -75,12 +76,6 @@ VARIANTS = {
     "plain_lookup_carveout0": Variant(False, lookup_carveout=0),
     "plain_lookup2x512": Variant(False, lookup_blocks="2x512"),
     "tma_lookup2x512": Variant(True, lookup_blocks="2x512"),
-    "plain_rank2trips": Variant(False, flags=("-DRESOLVER_RANK_TWO_TRIPS",)),
-    "tma_rank2trips": Variant(True, flags=("-DRESOLVER_RANK_TWO_TRIPS",)),
-    "plain_lookup2x512_rank2trips": Variant(False, flags=("-DRESOLVER_RANK_TWO_TRIPS",),
-                                            lookup_blocks="2x512"),
-    "tma_lookup2x512_rank2trips": Variant(True, flags=("-DRESOLVER_RANK_TWO_TRIPS",),
-                                          lookup_blocks="2x512"),
 }
 
 
