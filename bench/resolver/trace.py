@@ -102,7 +102,13 @@ def floors(dev: torch.device, reps: int) -> dict[str, float]:
     return res
 
 
-def traced(dev: torch.device, reps: int) -> list[dict]:
+CASES = ((1, "hit100"), (32, "hit100"), (160, "hit100"), (1, "miss2"), (32, "miss2"),
+         (1, "cold"), (32, "miss20"), (160, "miss20"))
+
+
+def traced(dev: torch.device, reps: int, cases=CASES, every_block: bool = False) -> list[dict]:
+    """The phase trace of ``cases`` ((batch, profile)), of the first and last request's
+    blocks, or of every request's (``every_block``: one traced call each)."""
     import numpy as np
 
     from bench.resolver.case import Case
@@ -129,8 +135,7 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
     l_trace, l_block = globals_of(lookup_variant()[1])  # the same arrays unless built apart
     flush = Flusher(dev)
     rows = []
-    for bs, prof in ((1, "hit100"), (32, "hit100"), (160, "hit100"), (1, "miss2"), (32, "miss2"),
-                     (1, "cold"), (32, "miss20"), (160, "miss20")):
+    for bs, prof in cases:
         cold = prof == "cold"
         m = missed_rows(prof, k)
         case = Case(st, host, pool, item, bs, 1, k, m, cold)
@@ -149,7 +154,7 @@ def traced(dev: torch.device, reps: int) -> list[dict]:
         commit = time_gpu(lambda i, c=case, n=n: c.commit(i + 2 * (n + 3)), n, 3,
                           before=prep, flush=flush)
         phases = []
-        for blk in (0, bs - 1):  # first and last request's block
+        for blk in range(bs) if every_block else sorted({0, bs - 1}):  # first and last request's
             for g, b in ((g_trace, g_block), (l_trace, l_block)):
                 b[0] = blk
                 g[:] = 0
@@ -187,14 +192,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="trace.json")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--cases", default=",".join(f"{b}:{p}" for b, p in CASES),
+                    help="batch:profile, comma-separated")
+    ap.add_argument("--every-block", action="store_true",
+                    help="trace every request's block (a call each), not the first and last")
+    ap.add_argument("--no-floors", action="store_true", help="skip the launch floors")
     a = ap.parse_args()
+    cases = [(int(b), p) for b, p in (c.split(":") for c in a.cases.split(","))]
     os.environ["DHISPARSE_RESOLVER_TRACE"] = "1"
     dev = torch.device("cuda")
     rec: dict = {"env": environment()}
-    rec["floors"] = floors(dev, a.reps)
-    print(rec["floors"], flush=True)
-    write_json(a.out, rec)
-    rec["traced"] = traced(dev, a.reps)
+    if not a.no_floors:
+        rec["floors"] = floors(dev, a.reps)
+        print(rec["floors"], flush=True)
+        write_json(a.out, rec)
+    rec["traced"] = traced(dev, a.reps, cases, a.every_block)
     write_json(a.out, rec)
 
 
