@@ -80,23 +80,15 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     // copy blocks of the sync-free path (call != 0): the first round of host reads goes out
     // before the lookup grid ends (preload)
     typename Vec<W>::T pre[U];
-    bool have_pre = false, ended = false;  // ended: every lookup block's S_DONE seen
-    if (call && sums_here && n_layers > 0 && (int)blockIdx.x >= n_commit) {
-        bool at_work = false;
+    bool have_pre = false;
+    if (call && sums_here && n_layers > 0 && (int)blockIdx.x >= n_commit)
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
                               (int)gridDim.x - n_commit, (int)blockIdx.x - n_commit, call, totals + R_PRELOADS,
-                              c_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued, &at_work);
-#ifndef RESOLVER_COPY_GRID_WAIT  // diagnostic build: every copy block waits for the grid
-        // a working copy block reads and writes nothing a lookup block still uses once
-        // every request's lookup block ended: it goes on without the grid's end
-        if (at_work) ended = lookups_done(summary, batch, call);
-#endif
-    }
+                              c_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
-    // here until the lookup grid finished and its writes are visible (a no-op otherwise).
-    // The commit blocks always do: the launch ends after the lookup grid has.
+    // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900
-    if (!ended) asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     TRACE(16);
     const i64* copy_off = totals + TOT_COLS;

@@ -319,40 +319,13 @@ __device__ TMA_CALL void preload_tma(const TmaCopy t, int* issued) {
     }
 }
 
-// Whether every request's lookup block of this call has ended (S_DONE carries the call's
-// tag; released as the block's last store, after its misses, victims and summary), polled;
-// false after PRELOAD_WAIT_NS (the caller then waits for the lookup grid's end). Every
-// thread of the block calls it; block-uniform result. A copy block at work after the
-// preload takes this instead of griddepcontrol.wait: the grid's end came 4-5 us after its
-// last block's at 20% misses, batch 32, with the preload's host reads in flight (0.7-1 us
-// without them; H200, a52a07a, trace --every-block, run 87).
-__device__ __forceinline__ bool lookups_done(const i64* __restrict__ summary, int batch, int call) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    bool ok = true;
-    for (int q = threadIdx.x; q < batch && ok; q += blockDim.x) {
-        const i64* at = summary + (i64)q * SCOLS + S_DONE;
-        while ((ld_acquire(at) >> 32) != (i64)call) {
-            __nanosleep(100);
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (t - t0 >= PRELOAD_WAIT_NS) {
-                ok = false;
-                break;
-            }
-        }
-    }
-    return __syncthreads_and(ok);
-}
-
 // A copy block of the sync-free path before the lookup grid has ended: waits for every
 // request's miss count (S_EARLY of this call, published once the request's misses are
 // listed), makes the copy offsets (s_off) and, if the block is one at work, issues the
 // loads of its first round of items into pre -- the host reads start while the lookup
-// blocks still choose victims. Returns whether pre holds them; *at_work: whether the
-// block is one of the call's working copy blocks (then it waits for the lookups' ends by
-// lookups_done). No store: the destinations (victims, staging) and the call's status come
-// after the lookups ended, and a refused call drops the loaded values. Gives up (false)
-// after PRELOAD_WAIT_NS.
+// blocks still choose victims. Returns whether pre holds them. No store: the destinations
+// (victims, staging) and the call's status come after griddepcontrol.wait, and a refused
+// call drops the loaded values. Gives up (false) after PRELOAD_WAIT_NS.
 // Only the sparse case of the rule preloads (its COPY_BLOCKS_MIN first copy blocks): with
 // dense misses every working block's first round is the whole copy or near it, and reading
 // it while the lookup ran cost time (H200, db6c063, cold batch 1, 656 / 1152 B: 53.8 /
@@ -365,8 +338,7 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
                         const i64* __restrict__ misses, const i64* __restrict__ host_ptrs, int n_layers,
                         int batch, int Kk, unsigned row_bytes, int copy_blocks, int ncb, int cb, int call,
                         i64* preloads, i64* s_off, unsigned* s_tmp, int* s_flag, bool tma,
-                        int tma_min_rows, unsigned char* bufs, unsigned long long* bars, int* tma_issued,
-                        bool* at_work) {
+                        int tma_min_rows, unsigned char* bufs, unsigned long long* bars, int* tma_issued) {
     using V = typename Vec<W>::T;
     if (copy_blocks > 0 || cb >= COPY_BLOCKS_MIN) return false;  // block-uniform
     unsigned long long t0;
@@ -406,7 +378,6 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
     int active, step;
     copy_share(total, batch, copy_blocks, ncb, vpr, &active, &step);
     if (cb % step != 0 || cb / step >= active) return false;
-    *at_work = true;  // block-uniform
     const bool tma_rows = rows_by_tma(tma, (i64)total * n_layers, tma_min_rows);
 #ifdef RESOLVER_TMA_PRELOAD  // opt-in build (DHISPARSE_RESOLVER_TMA_PRELOAD=1): each TMA warp's first rows
     if (tma_rows) {

@@ -449,11 +449,6 @@ __device__ __forceinline__ void lookup_body(
             if (cnt[6]) atomicOr(pend + P_STATUS, (unsigned long long)cnt[6]);
             // m = 0 here (a request with misses published above): no data to order, no fence
             if (call && !published) *reinterpret_cast<volatile i64*>(sm + S_EARLY) = (i64)call << 32 | m;
-#ifndef RESOLVER_COPY_GRID_WAIT  // diagnostic build: the copy blocks wait for the grid's end
-            // the block's last store: every thread's stores are ordered before it by the
-            // barrier above, thread 0's by program order (release)
-            if (call) st_release(sm + S_DONE, (i64)call << 32 | 1);
-#endif
         }
         if (sums) {
             __threadfence();
