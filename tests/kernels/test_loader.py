@@ -87,3 +87,31 @@ def test_promote_passes_arguments_in_the_kernels_order() -> None:
     assert params == ["table", "rows", "locs", "off", "epochs", "slot_of", "promoted",
                       "payload_ptrs", "n_layers", "row_bytes", "B", "Bp", "words",
                       "finished_epoch"]
+
+
+def _enum_values(text: str, first: str) -> dict[str, int]:
+    """The names and values of the C enum whose first member is ``first``."""
+    body = re.search(rf"enum \{{\s*({first}\b[^}}]*)\}}", text).group(1)
+    values, nxt = {}, 0
+    for item in (i.strip() for i in body.split(",") if i.strip()):
+        name, _, expr = (p.strip() for p in item.partition("="))
+        if expr:  # "N" or "NAME + N", the forms the header uses
+            base, _, add = expr.partition("+")
+            nxt = (int(base) if base.strip().isdigit() else values[base.strip()]) + int(add or 0)
+        values[name], nxt = nxt, nxt + 1
+    return values
+
+
+def test_the_wrappers_column_constants_are_the_headers() -> None:
+    """kernels.resolver mirrors resolver_common.cuh's table / summary / totals columns: a
+    column added to a C enum and not here makes every workspace the wrong size."""
+    from kernels import resolver as kres
+
+    text = (HERE / "resolver_common.cuh").read_text()
+    table, summary = _enum_values(text, "T_HOT_ROWS"), _enum_values(text, "S_STATUS")
+    totals = _enum_values(text, "R_STATUS")
+    assert (kres.T_COLS, kres.S_COLS, kres.TOT_COLS) == (
+        table["TCOLS"], summary["SCOLS"], totals["TOT_COLS"])
+    assert (kres.S_U, kres.S_M, kres.S_NV) == (summary["S_U"], summary["S_M"], summary["S_NV"])
+    assert (kres.R_PEND, kres.R_PRELOADS) == (totals["R_PEND"], totals["R_PRELOADS"])
+    assert kres.R_DIRECT == totals["R_DIRECT"] and kres.R_STATUS == totals["R_STATUS"]
