@@ -34,8 +34,8 @@ __device__ void rank_cache(const i64* row, i64* rk, int B, int W, int Wp, i64 ca
         // for B = 4096 and 100K rows: 2048 + 782 loads). ent is only 8-byte aligned: a pair
         // goes into it as two 8-byte stores. ent[B] may be written (B odd): Bp > B. Before
         // (8-byte entry loads, then the bitmap's, then the table's columns after the fills:
-        // three dependent round trips) batch 160 took 0.8-1.1 us more without misses and
-        // 15-78 us more at 20% misses (H200, 6a30582, run 86, call by call).
+        // three dependent round trips) batch 160 took 0.6-1.3 us more without misses and
+        // 14-78 us more at 20% misses for 656 B rows (H200, 6a30582, run 86, call by call).
         constexpr int R = NT >= 1024 ? 4 : 6;
         const uint4* e4 = reinterpret_cast<const uint4*>(cent);
         const uint4* c4 = reinterpret_cast<const uint4*>(cbits);
