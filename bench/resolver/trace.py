@@ -154,7 +154,8 @@ def traced(dev: torch.device, reps: int, cases=CASES, every_block: bool = False)
         commit = time_gpu(lambda i, c=case, n=n: c.commit(i + 2 * (n + 3)), n, 3,
                           before=prep, flush=flush)
         phases = []
-        for blk in range(bs) if every_block else sorted({0, bs - 1}):  # first and last request's
+        # every request's block, or the first and last request's
+        for blk in range(bs) if every_block else sorted({0, bs - 1}):
             for g, b in ((g_trace, g_block), (l_trace, l_block)):
                 b[0] = blk
                 g[:] = 0
