@@ -117,10 +117,12 @@ def selections(
     return out.to(h.group.device)
 
 
-def run_both(h_ref: Harness, h_k: Harness, rids, sel, copy_layers: tuple = ()) -> tuple:
+def run_both(h_ref: Harness, h_k: Harness, rids, sel, copy_layers: tuple = (),
+             vis: torch.Tensor | None = None) -> tuple:
+    """Both sides' resolve of ``sel`` under ``vis`` (default: the causal bounds)."""
     from kernels import dropin
 
-    vis = h_ref.causal_bounds(rids, sel.shape[1])
+    vis = h_ref.causal_bounds(rids, sel.shape[1]) if vis is None else vis
     outcome = []
     kernel = functools.partial(dropin.resolve, copy_layers=copy_layers)
     for h, res in ((h_ref, ref.resolve), (h_k, kernel)):
@@ -133,14 +135,15 @@ def run_both(h_ref: Harness, h_k: Harness, rids, sel, copy_layers: tuple = ()) -
 
 
 def check_round(
-    h_ref: Harness, h_k: Harness, rids, sel, copy_layers: tuple = ()
+    h_ref: Harness, h_k: Harness, rids, sel, copy_layers: tuple = (),
+    vis: torch.Tensor | None = None,
 ) -> ref.ResolvePlan | None:
     """One resolve on both sides; the kernel side copies ``copy_layers`` inside its commit
     (zero-copy reads of mapped host rows) and the other layers by apply_copies."""
     from kernels import dropin
 
     before = snapshot(h_k)
-    p_ref, p_k = run_both(h_ref, h_k, rids, sel, copy_layers)
+    p_ref, p_k = run_both(h_ref, h_k, rids, sel, copy_layers, vis)
     if isinstance(p_ref, Exception):
         assert type(p_k) is type(p_ref) and str(p_k) == str(p_ref)
         assert_same(before, snapshot(h_k))
@@ -438,6 +441,40 @@ def test_the_tma_kernel_copies_calls_below_its_rows_by_loads(monkeypatch) -> Non
         copied += n
     assert copied > 0, seed
     assert names == {"resolve_commit_16_tma"}, names
+
+
+@pytest.mark.gpu
+def test_identical_queries_with_a_row_past_the_first_querys_bound_raise_like_the_reference(
+) -> None:
+    """The lookup takes the first of identical queries for all when no later bound is lower
+    (same_queries): a row at the first query's causal bound is bad there and good for the
+    later queries; the call is refused as the reference refuses it, nothing changed."""
+    h_ref, h_k, rids = make_pair(13, 3, 8, 16, 512, 656, ref_device=REF_DEVICE)
+    gen = torch.Generator().manual_seed(13)
+    for _ in range(2):  # a good round first: the shared selection resolves, then the bad one
+        sel = selections(h_ref, rids, 8, 40, 0.3, gen, same_queries=True)
+        vis = h_ref.causal_bounds(rids, 8).cpu()
+        assert (vis[:, 1:] > vis[:, :1]).any()  # the later queries see more rows
+        assert check_round(h_ref, h_k, rids, sel) is not None
+    b = int((vis[:, -1] > vis[:, 0]).nonzero()[0])
+    sel[b, :, 5] = int(vis[b, 0])  # past query 0's bound only
+    assert check_round(h_ref, h_k, rids, sel) is None
+
+
+@pytest.mark.gpu
+def test_identical_rows_under_a_lower_later_bound_resolve_like_the_reference() -> None:
+    """Identical rows whose later query has a lower visible bound than the first's: the
+    lookup looks every query up (same_queries declines); the rows all below every bound
+    resolve exactly as the reference does, and a row between the two bounds is refused."""
+    h_ref, h_k, rids = make_pair(17, 2, 4, 16, 512, 656, ref_device=REF_DEVICE)
+    gen = torch.Generator().manual_seed(17)
+    sel = selections(h_ref, rids, 4, 40, 0.3, gen, same_queries=True)
+    vis = h_ref.causal_bounds(rids, 4).cpu()
+    vis[:, 2] = vis[:, 0] - 1  # query 2 sees one row fewer than query 0
+    sel[sel >= vis[:, 2, None, None]] = -1
+    assert check_round(h_ref, h_k, rids, sel, vis=vis) is not None
+    sel[0, :, 3] = int(vis[0, 2])  # good for query 0, past query 2's bound
+    assert check_round(h_ref, h_k, rids, sel, vis=vis) is None
 
 
 @pytest.mark.gpu
