@@ -333,11 +333,7 @@ __device__ __forceinline__ void lookup_body(
     // counters count every query's; the others' bounds are checked apart (ST_VISIBLE).
     // Checked beside the row's loads. Before, every entry was looked up: K = 8 identical
     // selections cost 1.003-1.04x K = 1 (runs 82-89)
-#ifndef RESOLVER_NO_SAME_QUERIES  // diagnostic build: every query looked up
     const int Kq = K > 1 && same_queries(s_b, visible + (i64)b * K, K, k) ? 1 : K, Ke = Kq * k;
-#else
-    const int Kq = K, Ke = Kk;
-#endif
 
     if (rank) {  // into L2 while the block reads its cache: what pass 1 loads after it (the
         // selection, and the page map and flags of the pages below the tail)

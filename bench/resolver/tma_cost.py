@@ -15,8 +15,7 @@ of a TMA call's rows into L2, since run 72; ``-DRESOLVER_NO_TMA_WARM`` does not)
 the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inlined
 (``-DRESOLVER_COPY_NOINLINE``), their 64-bit form inlined (``-DRESOLVER_WIDE_INLINE``; out of
 line by default since run 64); the lookup in two 512-thread blocks per SM
-(``DHISPARSE_LOOKUP_BLOCKS=2x512``, ``Variant.lookup_blocks``); the lookup without its
-identical-queries path (``-DRESOLVER_NO_SAME_QUERIES``). Switches that measured
+(``DHISPARSE_LOOKUP_BLOCKS=2x512``, ``Variant.lookup_blocks``). Switches that measured
 nothing were removed with their variants: the lookup's sort, its miss path, the batch sums
 and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
@@ -77,8 +76,6 @@ VARIANTS = {
     "plain_lookup_carveout0": Variant(False, lookup_carveout=0),
     "plain_lookup2x512": Variant(False, lookup_blocks="2x512"),
     "tma_lookup2x512": Variant(True, lookup_blocks="2x512"),
-    "plain_no_same_queries": Variant(False, flags=("-DRESOLVER_NO_SAME_QUERIES",)),
-    "tma_no_same_queries": Variant(True, flags=("-DRESOLVER_NO_SAME_QUERIES",)),
 }
 
 
