@@ -323,17 +323,17 @@ __device__ __forceinline__ void lookup_body(
     unsigned* held_bm = reinterpret_cast<unsigned*>(smem + held_at);  // 16-byte groups
     u16* held_pre = reinterpret_cast<u16*>(held_bm + Wp);
     TRACE(0);
-#if __CUDA_ARCH__ >= 900
-    // a commit launched behind this grid with PDL may be scheduled now (it waits for this
-    // grid's completion before reading anything): its launch overlaps the lookup
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
     // the round's K queries sharing one selection (same_queries): passes 1 and 2 take the
     // first query's Ke = k entries, its locations go to the others' at the end and the entry
     // counters count every query's; the others' bounds are checked apart (ST_VISIBLE).
     // Checked beside the row's loads. Before, every entry was looked up: K = 8 identical
     // selections cost 1.003-1.04x K = 1 (runs 82-89)
     const int Kq = K > 1 && same_queries(s_b, visible + (i64)b * K, K, k) ? 1 : K, Ke = Kq * k;
+#if __CUDA_ARCH__ >= 900
+    // a commit launched behind this grid with PDL may be scheduled now (it waits for this
+    // grid's completion before reading anything): its launch overlaps the lookup
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
 
     if (rank) {  // into L2 while the block reads its cache: what pass 1 loads after it (the
         // selection, and the page map and flags of the pages below the tail)
