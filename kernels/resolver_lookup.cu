@@ -117,9 +117,7 @@ __device__ __forceinline__ void list_bits(const unsigned* bm, int Hp, i32* __res
 // rank among the misses), the misses listed in ascending row order (published for the
 // commit's preload on the sync-free path), the LRU keys of the candidate slots and the
 // victims (the nv first in LRU order, listed in slot order). Returns the distinct misses m,
-// the victims nv and whether S_EARLY went out. Ke: the entries looked up (Kk, or the first
-// query's k when the queries are identical); Kk: the misses' row stride. tmp: the lookup's
-// scan scratch; n_cand: its
+// the victims nv and whether S_EARLY went out. tmp: the lookup's scan scratch; n_cand: its
 // candidate count (0 on entry). Out of line it gained nothing measurable (H200, 14ec96c,
 // run 66), so it is inlined.
 struct MissPath {
@@ -129,7 +127,7 @@ struct MissPath {
 template <int UL>
 __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const i64* __restrict__ s_b,
                                         i64* __restrict__ l_b, i64* __restrict__ misses,
-                                        i32* __restrict__ victims, i64* __restrict__ summary, int b, int Kk, int Ke,
+                                        i32* __restrict__ victims, i64* __restrict__ summary, int b, int Kk,
                                         int B, int Bp, int W, i64 finished_epoch, int select_mode, int sums,
                                         int call, unsigned* tmp, unsigned* n_cand) {
     extern __shared__ __align__(16) unsigned char smem[];  // lookup_body's layout
@@ -147,21 +145,21 @@ __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const
     // pass 2: a miss entry gets its encoded rank among the misses
     auto pass2 = [&](auto groups) {
         constexpr int G = decltype(groups)::value;
-        for (int e0 = threadIdx.x; e0 < Ke; e0 += NT * G) {
+        for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
             i64 l[G], r[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;
-                l[q] = e < Ke ? l_b[e] : -1;
-                r[q] = e < Ke ? s_b[e] : -1;
+                l[q] = e < Kk ? l_b[e] : -1;
+                r[q] = e < Kk ? s_b[e] : -1;
             }
 #pragma unroll
             for (int q = 0; q < G; ++q)
                 if (l[q] == SENTINEL) l_b[e0 + q * NT] = -2 - (i64)rank_of(miss_bm, miss_pre, r[q]);
         }
     };
-    if (Ke <= NT) pass2(Groups<1>{});
-    else if (Ke <= 2 * NT || UL < 4) pass2(Groups<2>{});
+    if (Kk <= NT) pass2(Groups<1>{});
+    else if (Kk <= 2 * NT || UL < 4) pass2(Groups<2>{});
     else pass2(Groups<4>{});
     TRACE(5);  // pass 2 (thread 0's share)
     // misses in ascending row order
@@ -257,30 +255,6 @@ __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const
     return MissPath{m, nv, published};
 }
 
-// Whether every query of a request selects the first's rows with a visible bound no lower
-// than the first's (s_b: the request's K x k selections, vis_b: its K bounds): the round's K
-// queries sharing one selection, under causal bounds (eq. 5: they grow with the query). Then
-// an entry of any query is valid exactly where the first query's is on a call without bad
-// entries, and flagged where it is on one with them (a row at or past a later query's bound
-// is past the first's). The loads of up to 4 queries go out before the first comparison.
-// Every thread calls it; block-uniform result.
-__device__ __forceinline__ bool same_queries(const i64* __restrict__ s_b, const i64* __restrict__ vis_b, int K,
-                                             int k) {
-    bool diff = false;
-    for (int j = threadIdx.x; j < K; j += NT) diff |= vis_b[j] < vis_b[0];
-    for (int i0 = threadIdx.x; i0 < k; i0 += 2 * NT) {
-        i64 f[2];
-#pragma unroll
-        for (int q = 0; q < 2; ++q) f[q] = i0 + q * NT < k ? s_b[i0 + q * NT] : 0;
-#pragma unroll 4
-        for (int j = 1; j < K; ++j)
-#pragma unroll
-            for (int q = 0; q < 2; ++q)
-                if (i0 + q * NT < k) diff |= s_b[(i64)j * k + i0 + q * NT] != f[q];
-    }
-    return !__syncthreads_or(diff);
-}
-
 // shared layout of resolve_lookup (dynamic), Wp = W rounded up to a multiple of 4, Hp =
 // Bp / 32: miss bitmap [Wp] u32, hit bitmap over the slots [Hp] u32, miss prefix [Wp] u16,
 // then LRU keys [Bp] u64 (the bitmaps move in 16-byte groups); with hits = 1 (the rank form,
@@ -323,12 +297,6 @@ __device__ __forceinline__ void lookup_body(
     unsigned* held_bm = reinterpret_cast<unsigned*>(smem + held_at);  // 16-byte groups
     u16* held_pre = reinterpret_cast<u16*>(held_bm + Wp);
     TRACE(0);
-    // the round's K queries sharing one selection (same_queries): passes 1 and 2 take the
-    // first query's Ke = k entries, its locations go to the others' at the end and the entry
-    // counters count every query's; the others' bounds are checked apart (ST_VISIBLE).
-    // Checked beside the row's loads. Before, every entry was looked up: K = 8 identical
-    // selections cost 1.003-1.04x K = 1 (runs 82-89)
-    const int Kq = K > 1 && same_queries(s_b, visible + (i64)b * K, K, k) ? 1 : K, Ke = Kq * k;
 #if __CUDA_ARCH__ >= 900
     // a commit launched behind this grid with PDL may be scheduled now (it waits for this
     // grid's completion before reading anything): its launch overlaps the lookup
@@ -356,23 +324,23 @@ __device__ __forceinline__ void lookup_body(
     // keeps G of them in flight). Row arithmetic is 32-bit when every row of the request
     // fits (64-bit division is a long instruction sequence on the GPU).
     const bool small = tail_hi <= 0x7FFFFFFFll;
-    const i64 vis1 = Kq == 1 ? visible[(i64)b * K] : 0;
+    const i64 vis1 = K == 1 ? visible[b] : 0;
     unsigned n_tail = 0, n_opt = 0, n_hot = 0, n_host = 0, status = 0;
     auto pass1 = [&](auto groups) {
         constexpr int G = decltype(groups)::value;
-        for (int e0 = threadIdx.x; e0 < Ke; e0 += NT * G) {
+        for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
             i64 r[G], vis[G], loc[G], pg[G], pm[G], hi[G];
             bool tail[G], page[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;
-                r[q] = e < Ke ? s_b[e] : -1;
-                vis[q] = Kq == 1 ? vis1 : e < Ke ? visible[(i64)b * K + e / k] : 0;
+                r[q] = e < Kk ? s_b[e] : -1;
+                vis[q] = K == 1 ? vis1 : e < Kk ? visible[(i64)b * K + e / k] : 0;
             }
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 unsigned bad = 0;
-                if (e0 + q * NT < Ke) {
+                if (e0 + q * NT < Kk) {
                     if (vis[q] < 0 || vis[q] > tail_hi) bad |= ST_VISIBLE;
                     if (r[q] < -1) bad |= ST_SEL_LT_M1;
                     if (r[q] >= vis[q]) bad |= ST_SEL_GE_VISIBLE;
@@ -421,23 +389,17 @@ __device__ __forceinline__ void lookup_body(
                         ++n_host;
                     }
                 }
-                if (e < Ke) l_b[e] = loc[q];
+                if (e < Kk) l_b[e] = loc[q];
             }
         }
     };
-    if (Ke <= NT) pass1(Groups<1>{});
-    else if (Ke <= 2 * NT || UL < 4) pass1(Groups<2>{});
+    if (Kk <= NT) pass1(Groups<1>{});
+    else if (Kk <= 2 * NT || UL < 4) pass1(Groups<2>{});
     else pass1(Groups<4>{});
-    const unsigned rep = Kq < K ? (unsigned)K : 1u;
-    block_add(&cnt[0], n_tail * rep);
-    block_add(&cnt[1], n_opt * rep);
-    block_add(&cnt[2], n_hot * rep);
-    block_add(&cnt[3], n_host * rep);
-    if (Kq < K)  // identical queries: pass 1 checked the first's bound
-        for (int j = 1 + threadIdx.x; j < K; j += NT) {
-            const i64 v = visible[(i64)b * K + j];
-            if (v < 0 || v > tail_hi) status |= ST_VISIBLE;
-        }
+    block_add(&cnt[0], n_tail);
+    block_add(&cnt[1], n_opt);
+    block_add(&cnt[2], n_hot);
+    block_add(&cnt[3], n_host);
     if (status) atomicOr(&cnt[6], status);
     __syncthreads();
     TRACE(1);  // pass 1 done
@@ -461,24 +423,13 @@ __device__ __forceinline__ void lookup_body(
         block_add(&cnt[4], n_slots);
         TRACE(3);  // hit mask out
         if (host_entries > 0) {
-            const MissPath mp = miss_path<UL>(row, s_b, l_b, misses, victims, summary, b, Kk, Ke, B, Bp, W,
+            const MissPath mp = miss_path<UL>(row, s_b, l_b, misses, victims, summary, b, Kk, B, Bp, W,
                                               finished_epoch, select_mode, sums, call, tmp, &cnt[5]);
             m = u_miss = mp.m, nv = mp.nv, published = mp.published;
         }
     }
     __syncthreads();
     TRACE(6);  // misses listed, victims chosen
-    if (Kq < K) {  // identical queries: the first's final locations to the others'
-        for (int i0 = threadIdx.x; i0 < k; i0 += 2 * NT) {
-            i64 v[2];
-#pragma unroll
-            for (int q = 0; q < 2; ++q) v[q] = i0 + q * NT < k ? l_b[i0 + q * NT] : 0;
-            for (int j = 1; j < K; ++j)
-#pragma unroll
-                for (int q = 0; q < 2; ++q)
-                    if (i0 + q * NT < k) l_b[(i64)j * k + i0 + q * NT] = v[q];
-        }
-    }
     if (threadIdx.x == 0) {
         i64* sm = summary + (i64)b * SCOLS;
         const unsigned u = cnt[4] + u_miss;  // distinct rows of steps 2-3: hit slots + the rest

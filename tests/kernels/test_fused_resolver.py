@@ -446,9 +446,10 @@ def test_the_tma_kernel_copies_calls_below_its_rows_by_loads(monkeypatch) -> Non
 @pytest.mark.gpu
 def test_identical_queries_with_a_row_past_the_first_querys_bound_raise_like_the_reference(
 ) -> None:
-    """The lookup takes the first of identical queries for all when no later bound is lower
-    (same_queries): a row at the first query's causal bound is bad there and good for the
-    later queries; the call is refused as the reference refuses it, nothing changed."""
+    """Identical queries under causal bounds: a row at the first query's bound is bad there
+    and good for the later queries; the call is refused as the reference refuses it, nothing
+    changed. (A lookup that took the first of identical queries for all must flag it too:
+    tried in 1c78c2c, runs 90-91.)"""
     h_ref, h_k, rids = make_pair(13, 3, 8, 16, 512, 656, ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(13)
     for _ in range(2):  # a good round first: the shared selection resolves, then the bad one
@@ -463,9 +464,9 @@ def test_identical_queries_with_a_row_past_the_first_querys_bound_raise_like_the
 
 @pytest.mark.gpu
 def test_identical_rows_under_a_lower_later_bound_resolve_like_the_reference() -> None:
-    """Identical rows whose later query has a lower visible bound than the first's: the
-    lookup looks every query up (same_queries declines); the rows all below every bound
-    resolve exactly as the reference does, and a row between the two bounds is refused."""
+    """Identical rows whose later query has a lower visible bound than the first's: the rows
+    all below every bound resolve exactly as the reference does, and a row between the two
+    bounds is refused."""
     h_ref, h_k, rids = make_pair(17, 2, 4, 16, 512, 656, ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(17)
     sel = selections(h_ref, rids, 4, 40, 0.3, gen, same_queries=True)
