@@ -47,30 +47,36 @@ from .resolver import (
     default_copy_blocks,
     lookup,
     plan_copy,
+    table_row,
 )
 
 
 def request_table(group: SourceGroup, states: Sequence) -> torch.Tensor:
     """int64 [batch, 12]: the per-request tensors' addresses, the hot_rank bitmap's words
     and the tail bounds (resolver_common.cuh T_* columns)."""
-    rows = [
-        [
-            s.hot_rows.data_ptr(),
-            s.hot_stamp.data_ptr(),
-            s.hot_protect.data_ptr(),
-            s.hot_locs.data_ptr(),
-            s.tail_locs.data_ptr(),
-            s.page_map.data_ptr(),
-            s.page_ready.data_ptr(),
-            s.hot_index.data_ptr(),
-            s.hot_rank.data_ptr(),
-            rank_words(s.max_rows),
-            s.tail_lo,
-            s.tail_hi,
-        ]
+    return torch.tensor(table_rows(states), dtype=torch.int64).pin_memory().to(
+        group.device, non_blocking=True)
+
+
+def table_rows(states: Sequence) -> list[list[int]]:
+    """The requests' table rows (``request_table`` before the device)."""
+    return [
+        table_row(
+            hot_rows=s.hot_rows.data_ptr(),
+            hot_stamp=s.hot_stamp.data_ptr(),
+            hot_protect=s.hot_protect.data_ptr(),
+            hot_locs=s.hot_locs.data_ptr(),
+            tail_locs=s.tail_locs.data_ptr(),
+            page_map=s.page_map.data_ptr(),
+            page_ready=s.page_ready.data_ptr(),
+            hot_index=s.hot_index.data_ptr(),
+            hot_rank=s.hot_rank.data_ptr(),
+            rank_cap=rank_words(s.max_rows),
+            tail_lo=s.tail_lo,
+            tail_hi=s.tail_hi,
+        )
         for s in states
     ]
-    return torch.tensor(rows, dtype=torch.int64).pin_memory().to(group.device, non_blocking=True)
 
 
 _workspaces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache: group -> Workspace

@@ -45,7 +45,11 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
     lookup_shape,
 )
 
-T_COLS, S_COLS, TOT_COLS = 12, 11, 14  # table / summary / totals columns (resolver_common.cuh)
+# the request table's columns in resolver_common.cuh's T_* order (one int64 each: the
+# per-request tensors' addresses, the hot_rank bitmap's words, the tail bounds)
+TABLE_COLUMNS = ("hot_rows", "hot_stamp", "hot_protect", "hot_locs", "tail_locs", "page_map",
+                 "page_ready", "hot_index", "hot_rank", "rank_cap", "tail_lo", "tail_hi")
+T_COLS, S_COLS, TOT_COLS = len(TABLE_COLUMNS), 11, 14  # table / summary / totals columns
 S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 R_PEND = 9  # 2 x (copies, status) pending on the sync-free path, by parity
@@ -229,6 +233,15 @@ def lookup(
 
 
 INT32_MAX = 2**31 - 1
+
+
+def table_row(**columns: int) -> list[int]:
+    """One request's row of the lookup's table, every column of ``TABLE_COLUMNS`` named
+    (its order is the kernels'; a name missing or unknown is a programming error)."""
+    if set(columns) != set(TABLE_COLUMNS):
+        raise TypeError(f"table_row: missing {sorted(set(TABLE_COLUMNS) - set(columns))}, "
+                        f"unknown {sorted(set(columns) - set(TABLE_COLUMNS))}")
+    return [int(columns[c]) for c in TABLE_COLUMNS]
 
 
 def lookup_variant() -> tuple[str, tuple[str, ...], int]:

@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from kernels.resolver import table_row
 from services.decode.hierarchy.request import (
     HOT_SLOT_BITS,
     RANK_VERSION,
@@ -135,21 +136,20 @@ class State:
 
     def table(self, bs: int) -> torch.Tensor:
         rows = [
-            [
-                t[r].data_ptr()
-                for t in (
-                    self.hot_rows,
-                    self.stamp,
-                    self.protect,
-                    self.hot_locs,
-                    self.tail_locs,
-                    self.page_map,
-                    self.page_ready,
-                    self.hot_index,
-                    self.hot_rank,
-                )
-            ]
-            + [rank_words(self.S), self.tail_lo, self.S]
+            table_row(
+                hot_rows=self.hot_rows[r].data_ptr(),
+                hot_stamp=self.stamp[r].data_ptr(),
+                hot_protect=self.protect[r].data_ptr(),
+                hot_locs=self.hot_locs[r].data_ptr(),
+                tail_locs=self.tail_locs[r].data_ptr(),
+                page_map=self.page_map[r].data_ptr(),
+                page_ready=self.page_ready[r].data_ptr(),
+                hot_index=self.hot_index[r].data_ptr(),
+                hot_rank=self.hot_rank[r].data_ptr(),
+                rank_cap=rank_words(self.S),
+                tail_lo=self.tail_lo,
+                tail_hi=self.S,
+            )
             for r in range(bs)
         ]
         return torch.tensor(rows, dtype=torch.int64, device=self.hot_rows.device)

@@ -1,6 +1,6 @@
 """The resolver benchmark's row windows (``bench.resolver.pool``): how many calls a case can
-time on rows no earlier call read, and how a sweep's settings share them; its plot; its
-memcpy ceiling. CPU only."""
+time on rows no earlier call read, and how a sweep's settings share them; its request table;
+its plot; its memcpy ceiling. CPU only."""
 
 from __future__ import annotations
 
@@ -16,6 +16,25 @@ def test_windows_count_calls_that_read_no_row_twice() -> None:
     assert st.windows(64, 64, cold=True) == 10  # any row: 640 // 64
     assert st.windows(64, 13, cold=False) == 48  # never-resident rows only: 632 // 13
     assert st.windows(64, 0, cold=False) == 1 << 30  # nothing missed: no limit
+
+
+def test_the_benchmarks_table_names_each_column_the_kernels_read() -> None:
+    from kernels.resolver import TABLE_COLUMNS
+    from services.decode.hierarchy.request import rank_words
+
+    st = State(2, 10 * PAGE_ROWS + 1, 8, torch.device("cpu"))
+    table, at = st.table(2), {c: i for i, c in enumerate(TABLE_COLUMNS)}
+    assert table.shape == (2, len(TABLE_COLUMNS))
+    for r in range(2):
+        for name, t in (("hot_rows", st.hot_rows), ("hot_stamp", st.stamp),
+                        ("hot_protect", st.protect), ("hot_locs", st.hot_locs),
+                        ("tail_locs", st.tail_locs), ("page_map", st.page_map),
+                        ("page_ready", st.page_ready), ("hot_index", st.hot_index),
+                        ("hot_rank", st.hot_rank)):
+            assert table[r, at[name]].item() == t[r].data_ptr(), (r, name)
+        assert table[r, at["rank_cap"]].item() == rank_words(st.S)
+        assert (table[r, at["tail_lo"]].item(), table[r, at["tail_hi"]].item()) == (
+            st.tail_lo, st.S)
 
 
 def test_settings_take_fresh_windows_and_start_over_when_a_case_runs_out() -> None:

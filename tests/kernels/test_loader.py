@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from kernels._loader import HERE, SOURCES, source
 
 
@@ -91,27 +93,75 @@ def test_promote_passes_arguments_in_the_kernels_order() -> None:
 
 def _enum_values(text: str, first: str) -> dict[str, int]:
     """The names and values of the C enum whose first member is ``first``."""
+    text = re.sub(r"//[^\n]*", "", text)
     body = re.search(rf"enum \{{\s*({first}\b[^}}]*)\}}", text).group(1)
     values, nxt = {}, 0
     for item in (i.strip() for i in body.split(",") if i.strip()):
         name, _, expr = (p.strip() for p in item.partition("="))
-        if expr:  # "N" or "NAME + N", the forms the header uses
-            base, _, add = expr.partition("+")
-            nxt = (int(base) if base.strip().isdigit() else values[base.strip()]) + int(add or 0)
+        if expr:  # "N" (decimal or hex) or "NAME + N", the forms the header uses
+            base, _, add = (p.strip() for p in expr.partition("+"))
+            nxt = (values[base] if base in values else int(base, 0)) + int(add or "0", 0)
         values[name], nxt = nxt, nxt + 1
     return values
 
 
-def test_the_wrappers_column_constants_are_the_headers() -> None:
-    """kernels.resolver mirrors resolver_common.cuh's table / summary / totals columns: a
-    column added to a C enum and not here makes every workspace the wrong size."""
+def test_enum_values_reads_the_headers_forms() -> None:
+    text = "enum { A, B = 0x10, C, // a comment, with a comma\n D = B + 4, E };"
+    assert _enum_values(text, "A") == {"A": 0, "B": 16, "C": 17, "D": 20, "E": 21}
+
+
+def test_the_wrappers_constants_are_the_headers() -> None:
+    """kernels.resolver (and request.py) mirror resolver_common.cuh's table, summary and
+    totals columns, status bits and the hot_rank header: a column added to or moved in a C
+    enum and not here makes every workspace the wrong size or reads the wrong column."""
     from kernels import resolver as kres
+    from services.decode.hierarchy import request
 
     text = (HERE / "resolver_common.cuh").read_text()
-    table, summary = _enum_values(text, "T_HOT_ROWS"), _enum_values(text, "S_STATUS")
-    totals = _enum_values(text, "R_STATUS")
+    table = _enum_values(text, "T_HOT_ROWS")
+    assert [n.removeprefix("T_").lower() for n in table if n != "TCOLS"] == list(
+        kres.TABLE_COLUMNS)
+    summary, totals = _enum_values(text, "S_STATUS"), _enum_values(text, "R_STATUS")
     assert (kres.T_COLS, kres.S_COLS, kres.TOT_COLS) == (
         table["TCOLS"], summary["SCOLS"], totals["TOT_COLS"])
-    assert (kres.S_U, kres.S_M, kres.S_NV) == (summary["S_U"], summary["S_M"], summary["S_NV"])
-    assert (kres.R_PEND, kres.R_PRELOADS) == (totals["R_PEND"], totals["R_PRELOADS"])
-    assert kres.R_DIRECT == totals["R_DIRECT"] and kres.R_STATUS == totals["R_STATUS"]
+    for name in ("S_U", "S_M", "S_NV"):
+        assert getattr(kres, name) == summary[name], name
+    for name in ("R_STATUS", "R_COPIES", "R_STAGED", "R_TAIL", "R_OPT", "R_HOT", "R_HOST",
+                 "R_DIRECT", "R_PEND", "R_PRELOADS"):
+        assert getattr(kres, name) == totals[name], name
+    st = _enum_values(text, "ST_SEL_LT_M1")
+    assert kres.ST_SELECTION == (st["ST_SEL_LT_M1"] | st["ST_VISIBLE"]
+                                 | st["ST_SEL_GE_VISIBLE"] | st["ST_ROW_RANGE"])
+    assert (kres.ST_NOT_RESIDENT, kres.ST_STAGING) == (st["ST_NOT_RESIDENT"], st["ST_STAGING"])
+    rank = _enum_values(text, "RANK_VERSION")
+    for name in ("RANK_VERSION", "RANK_BUILT", "RANK_WORDS", "RANK_HEAD"):
+        assert getattr(request, name) == rank[name], name
+    bits = int(re.search(r"#define HOT_SLOT_BITS (\d+)", text).group(1))
+    mask = int(re.search(r"#define HOT_SLOT_MASK (0x[0-9A-Fa-f]+)ll", text).group(1), 16)
+    assert request.HOT_SLOT_BITS == bits and mask == (1 << bits) - 1
+
+
+def test_a_table_row_takes_every_column_by_name_in_the_kernels_order() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from kernels import dropin
+    from kernels import resolver as kres
+    from services.decode.hierarchy.request import rank_words
+
+    cols = {c: 100 + i for i, c in enumerate(kres.TABLE_COLUMNS)}
+    assert kres.table_row(**cols) == [cols[c] for c in kres.TABLE_COLUMNS]
+    with pytest.raises(TypeError, match=r"missing \['tail_hi'\], unknown \['tail_high'\]"):
+        kres.table_row(**{**{c: 0 for c in kres.TABLE_COLUMNS if c != "tail_hi"},
+                          "tail_high": 0})
+    t = {c: torch.zeros(2, dtype=torch.int64) for c in ("hot_rows", "hot_stamp", "hot_protect",
+                                                        "hot_locs", "tail_locs", "page_map",
+                                                        "page_ready", "hot_index", "hot_rank")}
+    state = SimpleNamespace(**t, max_rows=1000, tail_lo=7, tail_hi=9)
+    (row,) = dropin.table_rows([state])
+    at = {c: i for i, c in enumerate(kres.TABLE_COLUMNS)}
+    for name, tensor in t.items():
+        assert row[at[name]] == tensor.data_ptr(), name
+    assert (row[at["tail_lo"]], row[at["tail_hi"]]) == (7, 9)
+    assert row[at["rank_cap"]] == rank_words(1000)
