@@ -52,8 +52,7 @@ from .resolver import (
 
 
 def request_table(group: SourceGroup, states: Sequence) -> torch.Tensor:
-    """int64 [batch, 12]: the per-request tensors' addresses, the hot_rank bitmap's words
-    and the tail bounds (resolver_common.cuh T_* columns)."""
+    """int64 [batch, T_COLS] on the group's device: ``table_rows``, pinned and copied."""
     return torch.tensor(table_rows(states), dtype=torch.int64).pin_memory().to(
         group.device, non_blocking=True)
 

@@ -220,7 +220,9 @@ def main() -> None:
     flush = Flusher(dev)
     rec = {"environment": environment(), "host_alloc": how, "item_bytes": item, "top_k": k,
            "hot_buffer": B, "reps": args.reps, "interleave": bool(args.interleave),
-           "variants": {n: list(map(str, VARIANTS[n])) for n in names}, "results": []}
+           "variants": {n: {f: str(x) for f, x in VARIANTS[n]._asdict().items()}
+                        for n in names},
+           "results": []}
     t0 = time.time()
     wrap = Launches(kres)
     blocks = os.environ.get("DHISPARSE_LOOKUP_BLOCKS")  # the lookup shape of the other variants
