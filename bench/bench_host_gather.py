@@ -71,6 +71,27 @@ class ProbeCall:
         self.probe(self.grid, self.dst, self.src, self.calls[c], self.row_bytes)
 
 
+def parse_pattern(p: str) -> tuple[int, int, bool]:
+    """(regions, rows, flag) of a pattern: "regions:rows[:same]" (flag: the first call's rows
+    every call) or "pool:rows[:shuffled]" (regions 0; flag: unsorted)."""
+    f = p.split(":")
+    if len(f) not in (2, 3) or (len(f) == 3 and f[2] not in ("same", "shuffled")):
+        raise ValueError(f"pattern={p!r}; expected regions:rows[:same] or pool:rows[:shuffled]")
+    if f[0] == "pool":
+        if len(f) == 3 and f[2] != "shuffled":
+            raise ValueError(f"pattern={p!r}: a pool pattern takes only :shuffled")
+        return 0, int(f[1]), len(f) == 3
+    if len(f) == 3 and f[2] != "same":
+        raise ValueError(f"pattern={p!r}: a regions pattern takes only :same")
+    return int(f[0]), int(f[1]), len(f) == 3
+
+
+def label(nreg: int, nrows: int, flag: bool) -> str:
+    if nreg == 0:
+        return f"pool x {nrows:6d}{' shuffled' if flag else ''}"
+    return f"{nreg:4d} x {nrows:5d}{' same' if flag else ''}"
+
+
 def command(
     out: str = "bench/results/host_gather_h200.json",
     modes: str = "register,vmm,hostalloc",
@@ -90,11 +111,11 @@ def command(
 
     dev = torch.device("cuda")
     # "regions:rows" reads new rows every call; "regions:rows:same" the first call's rows
-    # every call (after the L2 flush: only the translation caches remember them)
-    pats = [
-        (int(p.split(":")[0]), int(p.split(":")[1]), p.endswith(":same"))
-        for p in patterns.split(",")
-    ]
+    # every call (after the L2 flush: only the translation caches remember them);
+    # "pool:rows" reads rows drawn at random from the whole pool (every region), sorted, and
+    # "pool:rows:shuffled" the same in random order (the shape of
+    # ../shared/reference/h200-host-link-limits.json's gathers)
+    pats = [parse_pattern(p) for p in patterns.split(",")]
     grid_list = [int(g) for g in grids.split(",")]
     nbytes = regions * seq_len * row_bytes
     rec = {
@@ -109,6 +130,7 @@ def command(
     probes = {v: gather_probe.variant(v, dev.index or 0) for v in variants.split(",") if v}
     auto = sm_count(dev.index or 0) * 8
     perm = torch.rand(regions, seq_len, device=dev).argsort(1)
+    pool_perm = torch.randperm(regions * seq_len, device=dev)
     for mode in modes.split(","):
         t0 = time.time()
         huge0 = anon_huge_kb()
@@ -127,19 +149,25 @@ def command(
             f"memcpy {memcpy:.1f} GB/s",
             flush=True,
         )
-        cursor = 0
+        cursor = pool_cursor = 0
         for (nreg, nrows, same), g, var in (
             (pat, g, v) for pat in pats for g in grid_list for v in (list(probes) or [""])
         ):
             grid = g or auto
             calls = []
             for _ in range(reps + 1):
+                if nreg == 0:  # rows from the whole pool
+                    at = (torch.arange(nrows, device=dev) + pool_cursor) % pool_perm.numel()
+                    pool_cursor += nrows
+                    src_idx = pool_perm[at]
+                    calls.append(src_idx if same else src_idx.sort().values)
+                    continue
                 cols = (torch.arange(nrows, device=dev) + cursor) % seq_len
                 cursor += 0 if same else nrows
                 rows = perm[:nreg].gather(1, cols.expand(nreg, nrows)).sort(1).values
                 src_idx = (rows + torch.arange(nreg, device=dev)[:, None] * seq_len).reshape(-1)
                 calls.append(src_idx.contiguous())
-            n = nreg * nrows
+            n = (nreg or 1) * nrows
             dst = torch.empty(n, row_bytes, dtype=torch.uint8, device=dev)
             if var:
                 probe = probes[var]
@@ -154,7 +182,9 @@ def command(
             row = dict(
                 variant=var or "copy.cu",
                 mode=mode,
-                same_rows=same,
+                same_rows=same and nreg > 0,
+                whole_pool=nreg == 0,
+                shuffled=same and nreg == 0,
                 regions=nreg,
                 rows=nrows,
                 grid=grid,
@@ -168,7 +198,7 @@ def command(
             row["of_memcpy"] = round(row["gbps"] / memcpy, 3)
             rec["rows"].append(row)
             print(
-                f"  {nreg:4d} x {nrows:5d}{' same' if same else ''} grid {grid} {var}: "
+                f"  {label(nreg, nrows, same)} grid {grid} {var}: "
                 f"{us:.1f} us "
                 f"{row['gbps']:5.1f} GB/s ({row['of_memcpy']:.0%}) {'' if ok else 'MISMATCH'}",
                 flush=True,
