@@ -193,13 +193,16 @@ def lookup(
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
     dev = selections.device.index
     func, flags, threads = lookup_variant()
-    ranked = kernel("resolver", func + "_rank", dev, True, flags)
+    # K > 1: the kernels with the identical-queries path (resolver_lookup.cu same_queries);
+    # K = 1 calls keep kernels without its registers
+    q = "_q" if k_queries > 1 else ""
+    ranked = kernel("resolver", func + "_rank" + q, dev, True, flags)
     cap = dynamic_shared_cap(ranked, dev)  # 227 KB opt-in minus 1.25 KB static (ptxas -v)
     fits = lookup_shared_bytes(words, pow2, True) <= cap
     rank = hit_form(hits, hot_slots, fits, batch, sm_count(dev)) == "rank"
     fn = ranked
     if not rank:
-        fn = kernel("resolver", func, dev, True, flags)
+        fn = kernel("resolver", func + q, dev, True, flags)
         cap = dynamic_shared_cap(fn, dev)
     shared = lookup_shared_bytes(words, pow2, rank)
     call = 0 if host_totals else ws.call % (1 << 30) + 1  # the sync-free path's tag

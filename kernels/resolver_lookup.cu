@@ -117,7 +117,9 @@ __device__ __forceinline__ void list_bits(const unsigned* bm, int Hp, i32* __res
 // rank among the misses), the misses listed in ascending row order (published for the
 // commit's preload on the sync-free path), the LRU keys of the candidate slots and the
 // victims (the nv first in LRU order, listed in slot order). Returns the distinct misses m,
-// the victims nv and whether S_EARLY went out. tmp: the lookup's scan scratch; n_cand: its
+// the victims nv and whether S_EARLY went out. Ke: the entries looked up (Kk, or the first
+// query's k when the queries are identical); Kk: the misses' row stride. tmp: the lookup's
+// scan scratch; n_cand: its
 // candidate count (0 on entry). Out of line it gained nothing measurable (H200, 14ec96c,
 // run 66), so it is inlined.
 struct MissPath {
@@ -127,7 +129,7 @@ struct MissPath {
 template <int UL>
 __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const i64* __restrict__ s_b,
                                         i64* __restrict__ l_b, i64* __restrict__ misses,
-                                        i32* __restrict__ victims, i64* __restrict__ summary, int b, int Kk,
+                                        i32* __restrict__ victims, i64* __restrict__ summary, int b, int Kk, int Ke,
                                         int B, int Bp, int W, i64 finished_epoch, int select_mode, int sums,
                                         int call, unsigned* tmp, unsigned* n_cand) {
     extern __shared__ __align__(16) unsigned char smem[];  // lookup_body's layout
@@ -145,21 +147,21 @@ __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const
     // pass 2: a miss entry gets its encoded rank among the misses
     auto pass2 = [&](auto groups) {
         constexpr int G = decltype(groups)::value;
-        for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
+        for (int e0 = threadIdx.x; e0 < Ke; e0 += NT * G) {
             i64 l[G], r[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;
-                l[q] = e < Kk ? l_b[e] : -1;
-                r[q] = e < Kk ? s_b[e] : -1;
+                l[q] = e < Ke ? l_b[e] : -1;
+                r[q] = e < Ke ? s_b[e] : -1;
             }
 #pragma unroll
             for (int q = 0; q < G; ++q)
                 if (l[q] == SENTINEL) l_b[e0 + q * NT] = -2 - (i64)rank_of(miss_bm, miss_pre, r[q]);
         }
     };
-    if (Kk <= NT) pass2(Groups<1>{});
-    else if (Kk <= 2 * NT || UL < 4) pass2(Groups<2>{});
+    if (Ke <= NT) pass2(Groups<1>{});
+    else if (Ke <= 2 * NT || UL < 4) pass2(Groups<2>{});
     else pass2(Groups<4>{});
     TRACE(5);  // pass 2 (thread 0's share)
     // misses in ascending row order
@@ -255,6 +257,30 @@ __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const
     return MissPath{m, nv, published};
 }
 
+// Whether every query of a request selects the first's rows with a visible bound no lower
+// than the first's (s_b: the request's K x k selections, vis_b: its K bounds): the round's K
+// queries sharing one selection, under causal bounds (eq. 5: they grow with the query). Then
+// an entry of any query is valid exactly where the first query's is on a call without bad
+// entries, and flagged where it is on one with them (a row at or past a later query's bound
+// is past the first's). The loads of up to 4 queries go out before the first comparison.
+// Every thread calls it; block-uniform result.
+__device__ __forceinline__ bool same_queries(const i64* __restrict__ s_b, const i64* __restrict__ vis_b, int K,
+                                             int k) {
+    bool diff = false;
+    for (int j = threadIdx.x; j < K; j += NT) diff |= vis_b[j] < vis_b[0];
+    for (int i0 = threadIdx.x; i0 < k; i0 += 2 * NT) {
+        i64 f[2];
+#pragma unroll
+        for (int q = 0; q < 2; ++q) f[q] = i0 + q * NT < k ? s_b[i0 + q * NT] : 0;
+#pragma unroll 4
+        for (int j = 1; j < K; ++j)
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+                if (i0 + q * NT < k) diff |= s_b[(i64)j * k + i0 + q * NT] != f[q];
+    }
+    return !__syncthreads_or(diff);
+}
+
 // shared layout of resolve_lookup (dynamic), Wp = W rounded up to a multiple of 4, Hp =
 // Bp / 32: miss bitmap [Wp] u32, hit bitmap over the slots [Hp] u32, miss prefix [Wp] u16,
 // then LRU keys [Bp] u64 (the bitmaps move in 16-byte groups); with hits = 1 (the rank form,
@@ -262,7 +288,7 @@ __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const
 // its prefix [Wp] u16, and the held rows' entries by rank in the keys' place until pass 1 ends.
 // UL: slot groups per thread in the victim keys; entry loops run G groups (G * NT >= K * k
 // where possible: a group past the last entry would still cost its instructions).
-template <int UL, bool RANK>
+template <int UL, bool RANK, bool SAME>
 __device__ __forceinline__ void lookup_body(
     const i64* __restrict__ table, const i64* __restrict__ sel, const i64* __restrict__ visible,
     i64* __restrict__ locs, i64* __restrict__ miss_dst, i64* __restrict__ misses,
@@ -302,6 +328,13 @@ __device__ __forceinline__ void lookup_body(
     // grid's completion before reading anything): its launch overlaps the lookup
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
+    // the round's K queries sharing one selection (same_queries): passes 1 and 2 take the
+    // first query's Ke = k entries, its locations go to the others' at the end and the entry
+    // counters count every query's; the others' bounds are checked apart (ST_VISIBLE).
+    // Only in the _q kernels (SAME), which the wrapper launches for K > 1. With every entry
+    // looked up K = 8 identical selections cost 1.003-1.04x K = 1 (runs 82-89); with this
+    // path 1.01x (run 90, in every kernel then)
+    const int Kq = SAME && K > 1 && same_queries(s_b, visible + (i64)b * K, K, k) ? 1 : K, Ke = Kq * k;
 
     if (rank) {  // into L2 while the block reads its cache: what pass 1 loads after it (the
         // selection, and the page map and flags of the pages below the tail)
@@ -324,23 +357,23 @@ __device__ __forceinline__ void lookup_body(
     // keeps G of them in flight). Row arithmetic is 32-bit when every row of the request
     // fits (64-bit division is a long instruction sequence on the GPU).
     const bool small = tail_hi <= 0x7FFFFFFFll;
-    const i64 vis1 = K == 1 ? visible[b] : 0;
+    const i64 vis1 = SAME ? (Kq == 1 ? visible[(i64)b * K] : 0) : K == 1 ? visible[b] : 0;
     unsigned n_tail = 0, n_opt = 0, n_hot = 0, n_host = 0, status = 0;
     auto pass1 = [&](auto groups) {
         constexpr int G = decltype(groups)::value;
-        for (int e0 = threadIdx.x; e0 < Kk; e0 += NT * G) {
+        for (int e0 = threadIdx.x; e0 < Ke; e0 += NT * G) {
             i64 r[G], vis[G], loc[G], pg[G], pm[G], hi[G];
             bool tail[G], page[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;
-                r[q] = e < Kk ? s_b[e] : -1;
-                vis[q] = K == 1 ? vis1 : e < Kk ? visible[(i64)b * K + e / k] : 0;
+                r[q] = e < Ke ? s_b[e] : -1;
+                vis[q] = Kq == 1 ? vis1 : e < Ke ? visible[(i64)b * K + e / k] : 0;
             }
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 unsigned bad = 0;
-                if (e0 + q * NT < Kk) {
+                if (e0 + q * NT < Ke) {
                     if (vis[q] < 0 || vis[q] > tail_hi) bad |= ST_VISIBLE;
                     if (r[q] < -1) bad |= ST_SEL_LT_M1;
                     if (r[q] >= vis[q]) bad |= ST_SEL_GE_VISIBLE;
@@ -389,17 +422,23 @@ __device__ __forceinline__ void lookup_body(
                         ++n_host;
                     }
                 }
-                if (e < Kk) l_b[e] = loc[q];
+                if (e < Ke) l_b[e] = loc[q];
             }
         }
     };
-    if (Kk <= NT) pass1(Groups<1>{});
-    else if (Kk <= 2 * NT || UL < 4) pass1(Groups<2>{});
+    if (Ke <= NT) pass1(Groups<1>{});
+    else if (Ke <= 2 * NT || UL < 4) pass1(Groups<2>{});
     else pass1(Groups<4>{});
-    block_add(&cnt[0], n_tail);
-    block_add(&cnt[1], n_opt);
-    block_add(&cnt[2], n_hot);
-    block_add(&cnt[3], n_host);
+    const unsigned rep = Kq < K ? (unsigned)K : 1u;
+    block_add(&cnt[0], n_tail * rep);
+    block_add(&cnt[1], n_opt * rep);
+    block_add(&cnt[2], n_hot * rep);
+    block_add(&cnt[3], n_host * rep);
+    if (Kq < K)  // identical queries: pass 1 checked the first's bound
+        for (int j = 1 + threadIdx.x; j < K; j += NT) {
+            const i64 v = visible[(i64)b * K + j];
+            if (v < 0 || v > tail_hi) status |= ST_VISIBLE;
+        }
     if (status) atomicOr(&cnt[6], status);
     __syncthreads();
     TRACE(1);  // pass 1 done
@@ -423,13 +462,24 @@ __device__ __forceinline__ void lookup_body(
         block_add(&cnt[4], n_slots);
         TRACE(3);  // hit mask out
         if (host_entries > 0) {
-            const MissPath mp = miss_path<UL>(row, s_b, l_b, misses, victims, summary, b, Kk, B, Bp, W,
+            const MissPath mp = miss_path<UL>(row, s_b, l_b, misses, victims, summary, b, Kk, Ke, B, Bp, W,
                                               finished_epoch, select_mode, sums, call, tmp, &cnt[5]);
             m = u_miss = mp.m, nv = mp.nv, published = mp.published;
         }
     }
     __syncthreads();
     TRACE(6);  // misses listed, victims chosen
+    if (Kq < K) {  // identical queries: the first's final locations to the others'
+        for (int i0 = threadIdx.x; i0 < k; i0 += 2 * NT) {
+            i64 v[2];
+#pragma unroll
+            for (int q = 0; q < 2; ++q) v[q] = i0 + q * NT < k ? l_b[i0 + q * NT] : 0;
+            for (int j = 1; j < K; ++j)
+#pragma unroll
+                for (int q = 0; q < 2; ++q)
+                    if (i0 + q * NT < k) l_b[(i64)j * k + i0 + q * NT] = v[q];
+        }
+    }
     if (threadIdx.x == 0) {
         i64* sm = summary + (i64)b * SCOLS;
         const unsigned u = cnt[4] + u_miss;  // distinct rows of steps 2-3: hit slots + the rest
@@ -482,18 +532,33 @@ __device__ __forceinline__ void lookup_body(
                     k, B, Bp, T, p, W, finished_epoch, select_mode, sums, parity, call
 // One block per SM (64 registers, 4 loads in flight per thread) ...
 extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) {
-    lookup_body<4, false>(LOOKUP_PASS);
+    lookup_body<4, false, false>(LOOKUP_PASS);
 }
 // ... or two: a batch above the SM count in one wave. At NT = 1024 that leaves 32 registers
 // (2 loads in flight per thread); built with -DNT=512, 64 registers and 4 in flight, so a
 // block keeps as many loads in flight as one 1024-thread block.
 extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2(LOOKUP_ARGS) {
-    lookup_body<(NT > 512 ? 2 : 4), false>(LOOKUP_PASS);
+    lookup_body<(NT > 512 ? 2 : 4), false, false>(LOOKUP_PASS);
 }
 // The same with the rank form of the hot hits (resolver_rank.cuh).
 extern "C" __global__ void __launch_bounds__(NT) resolve_lookup_rank(LOOKUP_ARGS) {
-    lookup_body<4, true>(LOOKUP_PASS);
+    lookup_body<4, true, false>(LOOKUP_PASS);
 }
 extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2_rank(LOOKUP_ARGS) {
-    lookup_body<(NT > 512 ? 2 : 4), true>(LOOKUP_PASS);
+    lookup_body<(NT > 512 ? 2 : 4), true, false>(LOOKUP_PASS);
+}
+// The four again with the identical-queries path (same_queries), for calls with K > 1: in
+// the kernels above it cost calls with K = 1 and no misses 0.8-1.4 us (H200, 96a73cb, run
+// 91: registers, ptxas 16 / 60 bytes of spills), so K = 1 calls keep kernels without it.
+extern "C" __global__ void __launch_bounds__(NT) resolve_lookup_q(LOOKUP_ARGS) {
+    lookup_body<4, false, true>(LOOKUP_PASS);
+}
+extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2_q(LOOKUP_ARGS) {
+    lookup_body<(NT > 512 ? 2 : 4), false, true>(LOOKUP_PASS);
+}
+extern "C" __global__ void __launch_bounds__(NT) resolve_lookup_rank_q(LOOKUP_ARGS) {
+    lookup_body<4, true, true>(LOOKUP_PASS);
+}
+extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2_rank_q(LOOKUP_ARGS) {
+    lookup_body<(NT > 512 ? 2 : 4), true, true>(LOOKUP_PASS);
 }

@@ -19,6 +19,10 @@ def test_the_resolver_parts_join_into_one_source_with_every_kernel_the_wrappers_
     for name in ("resolve_lookup", "resolve_lookup_2"):  # launched by name from resolver.py
         assert re.search(rf"__global__ void (__launch_bounds__\([^)]*\) )?{name}\(", text)
         assert f'"{name}' in wrappers
+        for suffix in ("_rank", "_q", "_rank_q"):  # func + "_rank" + q, func + q
+            assert re.search(rf"__global__ void (__launch_bounds__\([^)]*\) )?{name}{suffix}\(",
+                             text), name + suffix
+    assert 'func + "_rank" + q' in wrappers and "func + q" in wrappers
     for width in (16, 8, 4):  # resolve_commit_<w>, plan_copy_<w>, promote_staged_<w>
         assert f"COMMIT(resolve_commit_{width}, {width}, false)" in text
         assert f"PLAN_COPY({width})" in text and f"PROMOTE({width})" in text
