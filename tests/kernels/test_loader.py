@@ -33,10 +33,11 @@ def test_the_resolver_parts_join_into_one_source_with_every_kernel_the_wrappers_
     assert text.count("#define DHISPARSE_RESOLVER_COMMON_CUH") == 1
     assert text.count("#define DHISPARSE_RESOLVER_SORT_CUH") == 1
     assert text.count("#define DHISPARSE_RESOLVER_COPY_CUH") == 1
+    assert text.count("#define DHISPARSE_RESOLVER_VICTIMS_CUH") == 1
     assert not re.search(r'#\s*include\s+"resolver_', text)
     # in order: the header's definitions precede their users
     marks = ("enum { T_HOT_ROWS", "bool sort_registers", "void bulk_load", "void copy_misses",
-             "lookup_body", "commit_body", "promote_body")
+             "MissPath miss_path", "void lookup_body", "commit_body", "promote_body")
     assert [text.index(m) for m in marks] == sorted(text.index(m) for m in marks)
     for part in SOURCES["resolver"]:
         assert (HERE / part).exists(), part
