@@ -71,25 +71,48 @@ class ProbeCall:
         self.probe(self.grid, self.dst, self.src, self.calls[c], self.row_bytes)
 
 
-def parse_pattern(p: str) -> tuple[int, int, bool]:
-    """(regions, rows, flag) of a pattern: "regions:rows[:same]" (flag: the first call's rows
-    every call) or "pool:rows[:shuffled]" (regions 0; flag: unsorted)."""
+REGION_ORDERS = ("same", "across", "peer")
+
+
+def parse_pattern(p: str) -> tuple[int, int, str]:
+    """(regions, rows, order) of a pattern: "regions:rows[:order]" -- order "" (each call new
+    rows, sorted by address: region after region), "same" (the first call's rows every
+    call), "across" (sorted within each region, the regions interleaved: the i-th row of
+    every region, then the (i+1)-th) or "peer" (interleaved, each region's rows in random
+    order, as one block per request reading in selection order does) -- or
+    "pool:rows[:shuffled]" (regions 0: rows from the whole pool, sorted or not)."""
     f = p.split(":")
-    if len(f) not in (2, 3) or (len(f) == 3 and f[2] not in ("same", "shuffled")):
-        raise ValueError(f"pattern={p!r}; expected regions:rows[:same] or pool:rows[:shuffled]")
+    if len(f) not in (2, 3):
+        raise ValueError(f"pattern={p!r}; expected regions:rows[:order] or pool:rows[:shuffled]")
+    order = f[2] if len(f) == 3 else ""
     if f[0] == "pool":
-        if len(f) == 3 and f[2] != "shuffled":
+        if order not in ("", "shuffled"):
             raise ValueError(f"pattern={p!r}: a pool pattern takes only :shuffled")
-        return 0, int(f[1]), len(f) == 3
-    if len(f) == 3 and f[2] != "same":
-        raise ValueError(f"pattern={p!r}: a regions pattern takes only :same")
-    return int(f[0]), int(f[1]), len(f) == 3
+        return 0, int(f[1]), order
+    if order not in ("", *REGION_ORDERS):
+        raise ValueError(f"pattern={p!r}: a regions pattern's order is one of {REGION_ORDERS}")
+    return int(f[0]), int(f[1]), order
 
 
-def label(nreg: int, nrows: int, flag: bool) -> str:
+def label(nreg: int, nrows: int, order: str) -> str:
+    return f"{'pool' if nreg == 0 else nreg:>4} x {nrows:6d}{' ' + order if order else ''}"
+
+
+def call_rows(perm, nreg: int, nrows: int, order: str, cursor: int, seq_len: int):
+    """Pool rows of one call, in the order read: ``nrows`` of each of ``nreg`` regions
+    (``perm[r]``: region r's rows in random order; the call takes positions ``cursor ..``
+    of it), or with ``nreg`` 0 ``nrows`` of ``perm[0]`` (a permutation of the whole pool)."""
+    at = (torch.arange(nrows, device=perm.device) + cursor) % perm.shape[1]
     if nreg == 0:
-        return f"pool x {nrows:6d}{' shuffled' if flag else ''}"
-    return f"{nreg:4d} x {nrows:5d}{' same' if flag else ''}"
+        rows = perm[0, at]
+        return rows if order == "shuffled" else rows.sort().values
+    rows = perm[:nreg].gather(1, at.expand(nreg, nrows))
+    if order != "peer":  # perm's rows are in random order already
+        rows = rows.sort(1).values
+    rows = rows + torch.arange(nreg, device=perm.device)[:, None] * seq_len
+    if order in ("across", "peer"):
+        rows = rows.t()
+    return rows.reshape(-1).contiguous()
 
 
 def command(
@@ -98,7 +121,7 @@ def command(
     row_bytes: int = 656,
     seq_len: int = 100_000,
     regions: int = 160,
-    patterns: str = "1:2048,32:2048,32:410,160:410,160:410:same",
+    patterns: str = "1:2048,32:2048,32:410,160:410,160:410:same,32:410:across,32:410:peer",
     grids: str = "16,66,0",
     reps: int = 6,
     variants: str = "",
@@ -110,11 +133,8 @@ def command(
     from kernels._loader import kernel, sm_count
 
     dev = torch.device("cuda")
-    # "regions:rows" reads new rows every call; "regions:rows:same" the first call's rows
-    # every call (after the L2 flush: only the translation caches remember them);
-    # "pool:rows" reads rows drawn at random from the whole pool (every region), sorted, and
-    # "pool:rows:shuffled" the same in random order (the shape of
-    # ../shared/reference/h200-host-link-limits.json's gathers)
+    # parse_pattern; "same" rows are remembered only by the translation caches (L2 is
+    # flushed); "pool" is the shape of ../shared/reference/h200-host-link-limits.json's gathers
     pats = [parse_pattern(p) for p in patterns.split(",")]
     grid_list = [int(g) for g in grids.split(",")]
     nbytes = regions * seq_len * row_bytes
@@ -150,23 +170,18 @@ def command(
             flush=True,
         )
         cursor = pool_cursor = 0
-        for (nreg, nrows, same), g, var in (
+        for (nreg, nrows, order), g, var in (
             (pat, g, v) for pat in pats for g in grid_list for v in (list(probes) or [""])
         ):
             grid = g or auto
             calls = []
             for _ in range(reps + 1):
                 if nreg == 0:  # rows from the whole pool
-                    at = (torch.arange(nrows, device=dev) + pool_cursor) % pool_perm.numel()
+                    calls.append(call_rows(pool_perm[None], 0, nrows, order, pool_cursor, 0))
                     pool_cursor += nrows
-                    src_idx = pool_perm[at]
-                    calls.append(src_idx if same else src_idx.sort().values)
                     continue
-                cols = (torch.arange(nrows, device=dev) + cursor) % seq_len
-                cursor += 0 if same else nrows
-                rows = perm[:nreg].gather(1, cols.expand(nreg, nrows)).sort(1).values
-                src_idx = (rows + torch.arange(nreg, device=dev)[:, None] * seq_len).reshape(-1)
-                calls.append(src_idx.contiguous())
+                calls.append(call_rows(perm, nreg, nrows, order, cursor, seq_len))
+                cursor += 0 if order == "same" else nrows
             n = (nreg or 1) * nrows
             dst = torch.empty(n, row_bytes, dtype=torch.uint8, device=dev)
             if var:
@@ -182,9 +197,8 @@ def command(
             row = dict(
                 variant=var or "copy.cu",
                 mode=mode,
-                same_rows=same and nreg > 0,
+                order=order,
                 whole_pool=nreg == 0,
-                shuffled=same and nreg == 0,
                 regions=nreg,
                 rows=nrows,
                 grid=grid,
@@ -198,7 +212,7 @@ def command(
             row["of_memcpy"] = round(row["gbps"] / memcpy, 3)
             rec["rows"].append(row)
             print(
-                f"  {label(nreg, nrows, same)} grid {grid} {var}: "
+                f"  {label(nreg, nrows, order)} grid {grid} {var}: "
                 f"{us:.1f} us "
                 f"{row['gbps']:5.1f} GB/s ({row['of_memcpy']:.0%}) {'' if ok else 'MISMATCH'}",
                 flush=True,
