@@ -263,6 +263,9 @@ __device__ __forceinline__ void tma_drain(unsigned long long* bars, int issued) 
 }
 
 #define COPY_BLOCKS_MIN 16
+#ifndef COPY_BLOCKS_SPARSE  // the sparse case's blocks at work (a diagnostic build may set it)
+#define COPY_BLOCKS_SPARSE COPY_BLOCKS_MIN
+#endif
 #define HM_SLOTS 8  // hit-mask slots per commit thread loaded with the summary
 #define COPY_ITEMS_PER_BLOCK 512  // W-byte items of the mean request per copy block at work
 #define COPY_SPARSE_ROWS 1024  // a batch missing at most this many rows per request: COPY_BLOCKS_MIN
@@ -293,7 +296,7 @@ __device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blo
     int a = copy_blocks;
     const bool sparse = a <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch;
     if (sparse) {
-        a = COPY_BLOCKS_MIN;
+        a = COPY_BLOCKS_SPARSE;
     } else if (a <= 0) {
         const i64 per_request = (n_copies * vpr + batch - 1) / batch;
         a = (int)min((i64)ncb, max((i64)COPY_BLOCKS_MIN, (per_request + COPY_ITEMS_PER_BLOCK - 1) /
