@@ -38,7 +38,7 @@ __device__ __forceinline__ void copy_block(const i64* __restrict__ table, const 
     }
     // 32-bit item indices when the last one (plus a stride of U rounds) stays below 2^32
     const i64 items = n_copies * (row_bytes / W) * n_layers + (i64)active * blockDim.x * U;
-    if (rows_by_tma(tma, n_copies * n_layers, tma_min_rows))  // else by loads
+    if (rows_by_tma(tma, n_copies * n_layers, tma_min_rows, copy_few(n_copies, batch, copy_blocks)))  // else loads
         copy_rows_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, c_off, n_copies, cb / step,
                                active, s_rows, s_bar),
                       have_pre, B, table, victims, summary, stage_locs, payload_ptrs, c_soff);

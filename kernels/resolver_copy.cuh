@@ -251,10 +251,10 @@ __device__ TMA_CALL void copy_rows_tma(const TmaCopy& t, bool preloaded, int B, 
 }
 
 // Whether a call copying `rows` rows (over every layer) copies them by TMA: in the TMA
-// kernel (tma), from tma_min_rows rows on. The preload and the copy path ask alike: a block
+// kernel (tma), from tma_min_rows rows on, unless it has few misses (copy_few). The preload and the copy path ask alike: a block
 // that preloaded by TMA copies by TMA.
-__device__ __forceinline__ bool rows_by_tma(bool tma, i64 rows, int tma_min_rows) {
-    return tma && rows >= tma_min_rows;
+__device__ __forceinline__ bool rows_by_tma(bool tma, i64 rows, int tma_min_rows, bool few) {
+    return tma && !few && rows >= tma_min_rows;
 }
 
 // A refused call after the preload: the rows in flight land before the block leaves.
@@ -270,6 +270,27 @@ __device__ __forceinline__ void tma_drain(unsigned long long* bars, int issued) 
 #define COPY_ITEMS_PER_BLOCK 512  // W-byte items of the mean request per copy block at work
 #define COPY_SPARSE_ROWS 1024  // a batch missing at most this many rows per request: COPY_BLOCKS_MIN
 #define PRELOAD_WAIT_NS 2000000  // a preload gives up after this long without every count
+#define COPY_FEW_ROWS 16384  // a sparse call missing at most this many rows (one layer) ...
+#define COPY_BLOCKS_FEW 32  // ... has this many blocks at work, copying by 16-byte loads
+
+// Whether a call of n_copies misses (one layer) has few (copy_share): the rule's sparse case
+// (copy_blocks 0) with at most COPY_FEW_ROWS. Its COPY_BLOCKS_FEW blocks copy by loads, all
+// of them preloading: 1152 B rows at 20% misses, batch 32, 317.0-318.8 us against
+// 327.1-327.9 by TMA on COPY_BLOCKS_MIN blocks, 656 B 243.8-256.8 against 261.1-265.5 (H200,
+// 11d30fb, tma_cost, 4 rounds of 6, 16 of the 32 preloading; with many rows more blocks lose:
+// batch 160 at 656 B +12 to +126 us). The diagnostic build RESOLVER_COPY_FEW_OFF has none.
+__device__ __forceinline__ bool copy_few(i64 n_copies, int batch, int copy_blocks) {
+#ifdef RESOLVER_COPY_FEW_OFF
+    return false;
+#else
+    return copy_blocks <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch && n_copies <= COPY_FEW_ROWS;
+#endif
+}
+#ifdef RESOLVER_COPY_FEW_OFF
+#define COPY_PRELOAD_BLOCKS COPY_BLOCKS_MIN
+#else
+#define COPY_PRELOAD_BLOCKS (COPY_BLOCKS_FEW > COPY_BLOCKS_MIN ? COPY_BLOCKS_FEW : COPY_BLOCKS_MIN)
+#endif
 
 // Copy blocks at work (*active) and the spacing of the working ones among the ncb launched
 // (*step), for n_copies misses (vpr W-byte vectors a row).
@@ -296,7 +317,7 @@ __device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blo
     int a = copy_blocks;
     const bool sparse = a <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch;
     if (sparse) {
-        a = COPY_BLOCKS_SPARSE;
+        a = copy_few(n_copies, batch, copy_blocks) ? COPY_BLOCKS_FEW : COPY_BLOCKS_SPARSE;
     } else if (a <= 0) {
         const i64 per_request = (n_copies * vpr + batch - 1) / batch;
         a = (int)min((i64)ncb, max((i64)COPY_BLOCKS_MIN, (per_request + COPY_ITEMS_PER_BLOCK - 1) /
@@ -343,7 +364,7 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
                         i64* preloads, i64* s_off, unsigned* s_tmp, int* s_flag, bool tma,
                         int tma_min_rows, unsigned char* bufs, unsigned long long* bars, int* tma_issued) {
     using V = typename Vec<W>::T;
-    if (copy_blocks > 0 || cb >= COPY_BLOCKS_MIN) return false;  // block-uniform
+    if (copy_blocks > 0 || cb >= COPY_PRELOAD_BLOCKS) return false;  // block-uniform
     unsigned long long t0;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     if (threadIdx.x == 0) *s_flag = 1;
@@ -381,7 +402,7 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
     int active, step;
     copy_share(total, batch, copy_blocks, ncb, vpr, &active, &step);
     if (cb % step != 0 || cb / step >= active) return false;
-    const bool tma_rows = rows_by_tma(tma, (i64)total * n_layers, tma_min_rows);
+    const bool tma_rows = rows_by_tma(tma, (i64)total * n_layers, tma_min_rows, copy_few(total, batch, copy_blocks));
 #ifdef RESOLVER_TMA_PRELOAD  // opt-in build (DHISPARSE_RESOLVER_TMA_PRELOAD=1): each TMA warp's first rows
     if (tma_rows) {
         preload_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step,

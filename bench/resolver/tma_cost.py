@@ -76,6 +76,8 @@ VARIANTS = {
     "plain_lookup_carveout0": Variant(False, lookup_carveout=0),
     "plain_lookup2x512": Variant(False, lookup_blocks="2x512"),
     "tma_lookup2x512": Variant(True, lookup_blocks="2x512"),
+    "plain_few_off": Variant(False, flags=("-DRESOLVER_COPY_FEW_OFF",)),
+    "tma_few_off": Variant(True, flags=("-DRESOLVER_COPY_FEW_OFF",)),
     "plain_sparse24": Variant(False, flags=("-DCOPY_BLOCKS_SPARSE=24",)),
     "tma_sparse24": Variant(True, flags=("-DCOPY_BLOCKS_SPARSE=24",)),
     "plain_sparse32": Variant(False, flags=("-DCOPY_BLOCKS_SPARSE=32",)),
