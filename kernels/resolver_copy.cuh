@@ -271,7 +271,9 @@ __device__ __forceinline__ void tma_drain(unsigned long long* bars, int issued) 
 #define COPY_SPARSE_ROWS 1024  // a batch missing at most this many rows per request: COPY_BLOCKS_MIN
 #define PRELOAD_WAIT_NS 2000000  // a preload gives up after this long without every count
 #define COPY_FEW_ROWS 16384  // a sparse call missing at most this many rows (one layer) ...
+#ifndef COPY_BLOCKS_FEW  // (a diagnostic build may set it)
 #define COPY_BLOCKS_FEW 32  // ... has this many blocks at work, copying by 16-byte loads
+#endif
 
 // Whether a call of n_copies misses (one layer) has few (copy_share): the rule's sparse case
 // (copy_blocks 0) with at most COPY_FEW_ROWS. Its COPY_BLOCKS_FEW blocks copy by loads, all
