@@ -272,7 +272,7 @@ __device__ __forceinline__ void tma_drain(unsigned long long* bars, int issued) 
 #define PRELOAD_WAIT_NS 2000000  // a preload gives up after this long without every count
 #define COPY_FEW_ROWS 16384  // a sparse call missing at most this many rows (one layer) ...
 #ifndef COPY_BLOCKS_FEW  // (a diagnostic build may set it)
-#define COPY_BLOCKS_FEW 32  // ... has this many blocks at work, copying by 16-byte loads
+#define COPY_BLOCKS_FEW 48  // ... has this many blocks at work, copying by 16-byte loads
 #endif
 
 // Whether a call of n_copies misses (one layer) has few (copy_share): the rule's sparse case
