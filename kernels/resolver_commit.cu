@@ -26,7 +26,8 @@ __device__ __forceinline__ void copy_block(const i64* __restrict__ table, const 
     const i64* stage_off = copy_off + batch + 1;
     const int ncb = gridDim.x - n_commit;
     int active, step;
-    copy_share(n_copies, batch, copy_blocks, ncb, row_bytes / W, &active, &step);
+    const bool few = copy_few(n_copies, batch, copy_blocks, tma && tma_min_rows == 0);
+    copy_share(n_copies, batch, copy_blocks, few, ncb, row_bytes / W, &active, &step);
     const int cb = (int)blockIdx.x - n_commit;
     if (cb % step != 0 || cb / step >= active) return;
     if (!sums_here) {
@@ -38,7 +39,7 @@ __device__ __forceinline__ void copy_block(const i64* __restrict__ table, const 
     }
     // 32-bit item indices when the last one (plus a stride of U rounds) stays below 2^32
     const i64 items = n_copies * (row_bytes / W) * n_layers + (i64)active * blockDim.x * U;
-    if (rows_by_tma(tma, n_copies * n_layers, tma_min_rows, copy_few(n_copies, batch, copy_blocks)))  // else loads
+    if (rows_by_tma(tma, n_copies * n_layers, tma_min_rows, few))  // else by loads
         copy_rows_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, c_off, n_copies, cb / step,
                                active, s_rows, s_bar),
                       have_pre, B, table, victims, summary, stage_locs, payload_ptrs, c_soff);

@@ -251,8 +251,8 @@ __device__ TMA_CALL void copy_rows_tma(const TmaCopy& t, bool preloaded, int B, 
 }
 
 // Whether a call copying `rows` rows (over every layer) copies them by TMA: in the TMA
-// kernel (tma), from tma_min_rows rows on, unless it has few misses (copy_few). The preload and the copy path ask alike: a block
-// that preloaded by TMA copies by TMA.
+// kernel (tma), from tma_min_rows rows on, unless it has few misses (copy_few). The preload
+// and the copy path ask alike: a block that preloaded by TMA copies by TMA.
 __device__ __forceinline__ bool rows_by_tma(bool tma, i64 rows, int tma_min_rows, bool few) {
     return tma && !few && rows >= tma_min_rows;
 }
@@ -280,12 +280,14 @@ __device__ __forceinline__ void tma_drain(unsigned long long* bars, int issued) 
 // of them preloading: 1152 B rows at 20% misses, batch 32, 317.0-318.8 us against
 // 327.1-327.9 by TMA on COPY_BLOCKS_MIN blocks, 656 B 243.8-256.8 against 261.1-265.5 (H200,
 // 11d30fb, tma_cost, 4 rounds of 6, 16 of the 32 preloading; with many rows more blocks lose:
-// batch 160 at 656 B +12 to +126 us). The diagnostic build RESOLVER_COPY_FEW_OFF has none.
-__device__ __forceinline__ bool copy_few(i64 n_copies, int batch, int copy_blocks) {
+// batch 160 at 656 B +12 to +126 us). Not where TMA copies were asked for from 0 rows
+// (tma_forced: DHISPARSE_COPY_TMA=1). The diagnostic build RESOLVER_COPY_FEW_OFF has none.
+__device__ __forceinline__ bool copy_few(i64 n_copies, int batch, int copy_blocks, bool tma_forced) {
 #ifdef RESOLVER_COPY_FEW_OFF
     return false;
 #else
-    return copy_blocks <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch && n_copies <= COPY_FEW_ROWS;
+    return !tma_forced && copy_blocks <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch &&
+           n_copies <= COPY_FEW_ROWS;
 #endif
 }
 #ifdef RESOLVER_COPY_FEW_OFF
@@ -314,12 +316,12 @@ __device__ __forceinline__ bool copy_few(i64 n_copies, int batch, int copy_block
 // exactly that many would (H200, c4dec7e, 20% misses, batch 32 / 160: 273 / 1481 us
 // for 656 B rows, 333 / 1667 for 1152 B, against 286 / 1531 and 334 / 1769 with every
 // 16th at work, runs 32 and 31)
-__device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blocks, int ncb, unsigned vpr,
-                                           int* active, int* step) {
+__device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blocks, bool few, int ncb,
+                                           unsigned vpr, int* active, int* step) {
     int a = copy_blocks;
     const bool sparse = a <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch;
     if (sparse) {
-        a = copy_few(n_copies, batch, copy_blocks) ? COPY_BLOCKS_FEW : COPY_BLOCKS_SPARSE;
+        a = few ? COPY_BLOCKS_FEW : COPY_BLOCKS_SPARSE;
     } else if (a <= 0) {
         const i64 per_request = (n_copies * vpr + batch - 1) / batch;
         a = (int)min((i64)ncb, max((i64)COPY_BLOCKS_MIN, (per_request + COPY_ITEMS_PER_BLOCK - 1) /
@@ -402,9 +404,10 @@ __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ su
     __syncthreads();
     const unsigned vpr = row_bytes / W;
     int active, step;
-    copy_share(total, batch, copy_blocks, ncb, vpr, &active, &step);
+    const bool few = copy_few(total, batch, copy_blocks, tma && tma_min_rows == 0);
+    copy_share(total, batch, copy_blocks, few, ncb, vpr, &active, &step);
     if (cb % step != 0 || cb / step >= active) return false;
-    const bool tma_rows = rows_by_tma(tma, (i64)total * n_layers, tma_min_rows, copy_few(total, batch, copy_blocks));
+    const bool tma_rows = rows_by_tma(tma, (i64)total * n_layers, tma_min_rows, few);
 #ifdef RESOLVER_TMA_PRELOAD  // opt-in build (DHISPARSE_RESOLVER_TMA_PRELOAD=1): each TMA warp's first rows
     if (tma_rows) {
         preload_tma(tma_copy(misses, host_ptrs, n_layers, batch, Kk, row_bytes, s_off, (i64)total, cb / step,
