@@ -345,17 +345,19 @@ def commit(
     lookup runs and start the moment it ends (``_loader.launch_dependent``).
     early: on the sync-free path (``lookup(host_totals=False)`` before) with the copy rule
     (copy_blocks 0) and sparse misses (at most 1024 a request on average), the first 16 copy
-    blocks wait for every request's miss count instead of the whole lookup and issue their
-    first host reads then, while the lookup chooses victims (``R_PRELOADS`` counts the
-    blocks that did); calls whose rows go by TMA (``tma``) issue bulk copies then only in
-    the build with DHISPARSE_RESOLVER_TMA_PRELOAD=1, else those blocks prefetch their first
-    round of rows into L2 and the copies go out after the lookup; None =
+    blocks (48, copying by 16-byte loads, where the call misses at most 16384 rows in all:
+    resolver_copy.cuh copy_few) wait for every request's miss count instead of the whole
+    lookup and issue their first host reads then, while the lookup chooses victims
+    (``R_PRELOADS`` counts the blocks that did); calls whose rows go by TMA (``tma``) issue
+    bulk copies then only in the build with DHISPARSE_RESOLVER_TMA_PRELOAD=1, else those
+    blocks prefetch their first round of rows into L2 and the copies go out after the
+    lookup; None =
     ``default_copy_early()``. The call's tag is a kernel argument:
     a CUDA graph replaying the two launches would reuse it, so this path is not for graph
     capture with early on.
     tma: copy the misses by the tensor memory accelerator (True: always, False: never; None
     = ``DHISPARSE_COPY_TMA``: auto by default, from 8192 rows on for rows of whole 128-byte
-    lines; ``copy_tma``)."""
+    lines, except a call with few sparse misses, which copies by loads; ``copy_tma``)."""
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots)
     check("stage_locs", stage_locs, torch.int64, 1, "cuda")
     for name, t in (("out.batch", out.batch), ("out.rows", out.rows), ("out.dst", out.dst)):

@@ -27,6 +27,7 @@
 //             items over (layer, request, row, vector) -- i.e. ascending host address
 //             within a request -- spread over all copy blocks, read from mapped host
 //             memory. On the sync-free path with sparse misses the first COPY_BLOCKS_MIN
+//             (COPY_BLOCKS_FEW where the call has few misses, copied by loads; copy_few)
 //             of them do not wait for the whole lookup grid first: each waits for every
 //             request's miss count (S_EARLY, published once the request's misses are
 //             listed), then issues its first round of host reads while the lookup blocks

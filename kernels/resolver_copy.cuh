@@ -277,11 +277,14 @@ __device__ __forceinline__ void tma_drain(unsigned long long* bars, int issued) 
 
 // Whether a call of n_copies misses (one layer) has few (copy_share): the rule's sparse case
 // (copy_blocks 0) with at most COPY_FEW_ROWS. Its COPY_BLOCKS_FEW blocks copy by loads, all
-// of them preloading: 1152 B rows at 20% misses, batch 32, 317.0-318.8 us against
-// 327.1-327.9 by TMA on COPY_BLOCKS_MIN blocks, 656 B 243.8-256.8 against 261.1-265.5 (H200,
-// 11d30fb, tma_cost, 4 rounds of 6, 16 of the 32 preloading; with many rows more blocks lose:
-// batch 160 at 656 B +12 to +126 us). Not where TMA copies were asked for from 0 rows
-// (tma_forced: DHISPARSE_COPY_TMA=1). The diagnostic build RESOLVER_COPY_FEW_OFF has none.
+// of them preloading. H200, tma_cost, 4 rounds of 6, 20% misses, against the rule before
+// (COPY_BLOCKS_MIN blocks, by TMA for 1152 B rows from 8192): 1152 B rows at batch 1 / 8 /
+// 32 30.4-31.2 / 95.7-96.8 / 319.0-320.7 us on 32 blocks against 35.3-37.5 / 101.2-102.0 /
+// 326.9-328.4, 656 B at batch 32 247.9-257.3 against 255.4-266.2 (e94da73); on 48 blocks
+// 1152 B at batch 32 315.7-317.5 against 317.3-321.6 on 32 (4262cb8). With many rows more
+// blocks lose (batch 160 at 656 B, 32 blocks: +12 to +126 us, 11d30fb). Not where TMA copies
+// were asked for from 0 rows (tma_forced: DHISPARSE_COPY_TMA=1). The diagnostic build
+// RESOLVER_COPY_FEW_OFF has none (the rule before, SASS and all).
 __device__ __forceinline__ bool copy_few(i64 n_copies, int batch, int copy_blocks, bool tma_forced) {
 #ifdef RESOLVER_COPY_FEW_OFF
     return false;
@@ -298,7 +301,8 @@ __device__ __forceinline__ bool copy_few(i64 n_copies, int batch, int copy_block
 
 // Copy blocks at work (*active) and the spacing of the working ones among the ncb launched
 // (*step), for n_copies misses (vpr W-byte vectors a row).
-// At work: copy_blocks, or (0) COPY_BLOCKS_MIN while the mean request
+// At work: copy_blocks, or (0) COPY_BLOCKS_FEW where the call has few misses (copy_few),
+// else COPY_BLOCKS_SPARSE (= COPY_BLOCKS_MIN) while the mean request
 // misses at most COPY_SPARSE_ROWS rows, else about one per COPY_ITEMS_PER_BLOCK W-byte
 // items of the mean request's misses in one layer, at least COPY_BLOCKS_MIN (layers
 // are copied one after the other, so the requests in flight at once depend on the
@@ -354,13 +358,14 @@ __device__ TMA_CALL void preload_tma(const TmaCopy t, int* issued) {
 // blocks still choose victims. Returns whether pre holds them. No store: the destinations
 // (victims, staging) and the call's status come after griddepcontrol.wait, and a refused
 // call drops the loaded values. Gives up (false) after PRELOAD_WAIT_NS.
-// Only the sparse case of the rule preloads (its COPY_BLOCKS_MIN first copy blocks): with
+// Only the sparse case of the rule preloads (its first COPY_BLOCKS_MIN copy blocks, or
+// COPY_BLOCKS_FEW where the call has few misses; COPY_PRELOAD_BLOCKS of them poll): with
 // dense misses every working block's first round is the whole copy or near it, and reading
 // it while the lookup ran cost time (H200, db6c063, cold batch 1, 656 / 1152 B: 53.8 /
 // 71.4 us against 51.3 / 69.3 without; 20% misses, batch 1: 35.3 / 36.7 against 40.3 /
 // 44.4, batch 32: 277.2 / 337.2 against 284.1 / 340.5). The other blocks do not poll, so
 // neither does the last one (the batch's totals, on every call's path) where more than
-// COPY_BLOCKS_MIN copy blocks are launched (launched_copy_blocks: at least one per SM).
+// COPY_PRELOAD_BLOCKS copy blocks are launched (launched_copy_blocks: at least one per SM).
 template <int W>
 __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ summary,
                         const i64* __restrict__ misses, const i64* __restrict__ host_ptrs, int n_layers,
