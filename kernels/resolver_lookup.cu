@@ -277,35 +277,27 @@ __device__ __forceinline__ void lookup_body(
         i64 finished_epoch, int select_mode, int sums, int parity, int call
 #define LOOKUP_PASS table, sel, visible, locs, miss_dst, misses, victims, hit_mask, summary, totals, batch, K, \
                     k, B, Bp, T, p, W, finished_epoch, select_mode, sums, parity, call
-// One block per SM (64 registers, 4 loads in flight per thread) ...
-extern "C" __global__ void __launch_bounds__(NT) resolve_lookup(LOOKUP_ARGS) {
-    lookup_body<4, false, false>(LOOKUP_PASS);
-}
-// ... or two: a batch above the SM count in one wave. At NT = 1024 that leaves 32 registers
-// (2 loads in flight per thread); built with -DNT=512, 64 registers and 4 in flight, so a
-// block keeps as many loads in flight as one 1024-thread block.
-extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2(LOOKUP_ARGS) {
-    lookup_body<(NT > 512 ? 2 : 4), false, false>(LOOKUP_PASS);
-}
-// The same with the rank form of the hot hits (resolver_rank.cuh).
-extern "C" __global__ void __launch_bounds__(NT) resolve_lookup_rank(LOOKUP_ARGS) {
-    lookup_body<4, true, false>(LOOKUP_PASS);
-}
-extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2_rank(LOOKUP_ARGS) {
-    lookup_body<(NT > 512 ? 2 : 4), true, false>(LOOKUP_PASS);
-}
+// Four lookups a path (Q: the names' suffix, SAME: the identical-queries path): one block
+// per SM (64 registers, 4 loads in flight per thread) or two (_2: a batch above the SM count
+// in one wave; at NT = 1024 that leaves 32 registers, 2 loads in flight per thread; built
+// with -DNT=512, 64 registers and 4 in flight, so a block keeps as many loads in flight as
+// one 1024-thread block), each with hot hits by hot_index or by the rank form (_rank,
+// resolver_rank.cuh).
+#define LOOKUP_KERNELS(Q, SAME)                                                                         \
+    extern "C" __global__ void __launch_bounds__(NT) resolve_lookup##Q(LOOKUP_ARGS) {                  \
+        lookup_body<4, false, SAME>(LOOKUP_PASS);                                                        \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2##Q(LOOKUP_ARGS) {             \
+        lookup_body<(NT > 512 ? 2 : 4), false, SAME>(LOOKUP_PASS);                                       \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(NT) resolve_lookup_rank##Q(LOOKUP_ARGS) {             \
+        lookup_body<4, true, SAME>(LOOKUP_PASS);                                                         \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2_rank##Q(LOOKUP_ARGS) {        \
+        lookup_body<(NT > 512 ? 2 : 4), true, SAME>(LOOKUP_PASS);                                        \
+    }
+LOOKUP_KERNELS(, false)
 // The four again with the identical-queries path (same_queries), for calls with K > 1: in
 // the kernels above it cost calls with K = 1 and no misses 0.8-1.4 us (H200, 96a73cb, run
 // 91: registers, ptxas 16 / 60 bytes of spills), so K = 1 calls keep kernels without it.
-extern "C" __global__ void __launch_bounds__(NT) resolve_lookup_q(LOOKUP_ARGS) {
-    lookup_body<4, false, true>(LOOKUP_PASS);
-}
-extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2_q(LOOKUP_ARGS) {
-    lookup_body<(NT > 512 ? 2 : 4), false, true>(LOOKUP_PASS);
-}
-extern "C" __global__ void __launch_bounds__(NT) resolve_lookup_rank_q(LOOKUP_ARGS) {
-    lookup_body<4, true, true>(LOOKUP_PASS);
-}
-extern "C" __global__ void __launch_bounds__(NT, 2) resolve_lookup_2_rank_q(LOOKUP_ARGS) {
-    lookup_body<(NT > 512 ? 2 : 4), true, true>(LOOKUP_PASS);
-}
+LOOKUP_KERNELS(_q, true)

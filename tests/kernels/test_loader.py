@@ -16,12 +16,14 @@ def test_a_single_file_module_is_its_file() -> None:
 def test_the_resolver_parts_join_into_one_source_with_every_kernel_the_wrappers_launch() -> None:
     text = source("resolver")
     wrappers = (HERE / "resolver.py").read_text() + (HERE / "promote.py").read_text()
-    for name in ("resolve_lookup", "resolve_lookup_2"):  # launched by name from resolver.py
-        assert re.search(rf"__global__ void (__launch_bounds__\([^)]*\) )?{name}\(", text)
+    # launched by name from resolver.py: func + "_rank" + q, func + q (LOOKUP_KERNELS(Q, ...)
+    # defines resolve_lookup{,_2}{,_rank}##Q)
+    for name in ("resolve_lookup", "resolve_lookup_2"):
         assert f'"{name}' in wrappers
-        for suffix in ("_rank", "_q", "_rank_q"):  # func + "_rank" + q, func + q
-            assert re.search(rf"__global__ void (__launch_bounds__\([^)]*\) )?{name}{suffix}\(",
-                             text), name + suffix
+    for form in ("", "_2", "_rank", "_2_rank"):
+        assert re.search(rf"__global__ void __launch_bounds__\([^)]*\) resolve_lookup{form}##Q\(",
+                         text), form
+    assert "LOOKUP_KERNELS(, false)" in text and "LOOKUP_KERNELS(_q, true)" in text
     assert 'func + "_rank" + q' in wrappers and "func + q" in wrappers
     for width in (16, 8, 4):  # resolve_commit_<w>, plan_copy_<w>, promote_staged_<w>
         assert f"COMMIT(resolve_commit_{width}, {width}, false)" in text
