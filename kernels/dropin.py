@@ -232,7 +232,7 @@ def resolve(
         row_bytes=group.spec.row_bytes, copy_blocks=copy_blocks, parts=parts,
     )
     for s in states:
-        s.last_read_epoch = epoch
+        s.last_read_epoch, s.read_tail_lo = epoch, s.tail_lo
     group.clock = epoch
     copies = totals[R_COPIES]
     counts = SelectionCounts(

@@ -21,6 +21,7 @@ from services.decode.hierarchy import (
     release,
     retire,
 )
+from services.decode.hierarchy.invariants import assert_exact
 from tests.hierarchy.harness import Harness, assert_same, snapshot
 
 
@@ -302,3 +303,37 @@ def test_release_whose_host_close_fails_still_frees_and_closes_the_rest(
     assert len(group.pages.free_ids) == group.pages.num_pages > free  # all back: "a" was alone
     assert sorted(h.provider.histories) == [("a", sid0)]  # only the failing one is left
     assert_no_leak(group)
+
+
+@pytest.mark.parametrize("policy", ["hisparse", "resident"])
+def test_open_keeps_the_tail_slots_unfinished_readers_hold(device: str, policy: str) -> None:
+    """A plan read rows 12 and 13 from the tail (ring slots 5 and 6 of 7); then a backup
+    (or a resident commit) moved tail_lo past them. Opening row 19 or 20 would write those
+    slots: refused, nothing changed, while the readers are unfinished (the hypothesis state
+    machine's counterexample: the plan's rows were overwritten); rows 16-18 take the slots
+    of rows 9-11, which no reader held. Once the readers finish, the rows open."""
+    h = Harness(device, policy=policy, layers=1)
+    h.admit("a", 28, 14)  # tail_lo 12, committed 14
+    h.open("a", 2)
+    if policy != "resident":
+        commit_rows(h.group, "a", 16)  # tail_lo stays 12 until the backup
+    sel = h.tensor([[[13, 12]]])
+    plan = h.resolve(["a"], sel, visible=[[16]])
+    ring = h.group.request("a").tail_locs
+    assert plan.locations.flatten().tolist() == ring[[13 % 7, 12 % 7]].tolist()
+    if policy == "resident":
+        commit_rows(h.group, "a", 16)  # rows 12-15 copied to a page: tail_lo 16
+    else:
+        assert backup(h.group, "a") == 4  # page 3 (rows 12-15), the tail's first
+    s = h.group.request("a")
+    assert (s.tail_lo, s.tail_hi) == (16, 16) and h.group.readers_pending(s)
+    before = snapshot(h)
+    with pytest.raises(FailedPrecondition,
+                       match=r"reusing the tail slots of rows from 12 .* open at most 3 rows"):
+        open_rows(h.group, "a", 4)
+    assert_same(before, snapshot(h))
+    h.open("a", 3)  # rows 16-18: the slots of rows 9-11
+    assert_exact(h.group, h.truth, plan, sel)
+    h.group.readers_finished()
+    h.open("a", 2)  # rows 19, 20: slots 5, 6
+    h.check()

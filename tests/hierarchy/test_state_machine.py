@@ -77,6 +77,13 @@ class HierarchyMachine(RuleBasedStateMachine):
             del rows[:-5]
         return rows
 
+    def reuses_read_slots(self, rid: str, count: int) -> bool:
+        """Opening ``count`` rows would write a tail slot that unfinished readers may hold:
+        the slot of a row in the tail when they resolved (open_rows refuses)."""
+        s = self.g.request(rid)
+        return (self.g.readers_pending(s)
+                and s.tail_hi + count > s.read_tail_lo + self.h.config.tail_rows)
+
     def unbacked(self, rid: str, pages: list[int]) -> bool:
         backed, p = self.g.backed_mask(self.g.request(rid)), self.h.config.page_rows
         return any(not bool(backed[g * p : g * p + p].all()) for g in pages)
@@ -102,6 +109,8 @@ class HierarchyMachine(RuleBasedStateMachine):
             self.fails(InvalidArgument, self.h.open, rid, count)
         elif s.tail_hi + count - s.tail_lo > self.h.config.tail_rows:
             self.fails(ResourceExhausted, self.h.open, rid, count)
+        elif self.reuses_read_slots(rid, count):
+            self.fails(FailedPrecondition, self.h.open, rid, count)
         else:
             self.h.open(rid, count)
 
@@ -129,6 +138,9 @@ class HierarchyMachine(RuleBasedStateMachine):
         if k_queries <= 0 or s.tail_hi + k_queries - s.tail_lo > self.h.config.tail_rows:
             return
         self.apply_pending()
+        if self.reuses_read_slots(rid, k_queries):  # an engine fences its readers first
+            self.fails(FailedPrecondition, self.h.open, rid, k_queries)
+            return
         self.h.open(rid, k_queries)
         self.resolve_batch([rid], k_queries, k, seed, True, True)
         self.g.readers_finished()

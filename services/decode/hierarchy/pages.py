@@ -191,6 +191,9 @@ def open_rows(group: SourceGroup, request_id: str, count: int) -> torch.Tensor:
     """Reserve tail rows ``[tail_hi, tail_hi + count)``; returns their pool rows ``int64 [count]``.
 
     The engine writes every payload layer's new rows there: ``group.payload(l)[locs] = kv``.
+    Row r takes ring slot r % tail_rows. While the request's readers are unfinished, a slot
+    that held a row of the tail they resolved against is not handed out (FailedPrecondition):
+    a backup or a resident commit since may have moved tail_lo past that row.
     """
     state = group.request(request_id)
     stop = _open_stop(group, state, count)
@@ -212,6 +215,18 @@ def _open_stop(group: SourceGroup, state: RequestState, count: int) -> int:
         raise ResourceExhausted(
             f"count={count} overflows the tail: rows [{state.tail_lo}, {stop}) > tail_rows="
             f"{group.config.tail_rows}; back up completed pages first"
+        )
+    # row r takes ring slot r % T from row r - T: a slot the unfinished readers may hold as
+    # the location of a row that was in the tail when they resolved (backup or a resident
+    # commit moved tail_lo since) is not written before they finish
+    reuse_from = state.read_tail_lo + group.config.tail_rows
+    if group.readers_pending(state) and stop > reuse_from:
+        raise FailedPrecondition(
+            f"count={count} opens rows up to {stop}, reusing the tail slots of rows from "
+            f"{state.read_tail_lo} that readers of epoch={state.last_read_epoch} of "
+            f"request_id={state.request_id!r} may read (finished epoch="
+            f"{group.finished_epoch}); open at most {max(0, reuse_from - state.tail_hi)} "
+            f"rows until they finish"
         )
     return stop
 
