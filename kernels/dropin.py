@@ -232,7 +232,8 @@ def resolve(
         row_bytes=group.spec.row_bytes, copy_blocks=copy_blocks, parts=parts,
     )
     for s in states:
-        s.last_read_epoch, s.read_tail_lo = epoch, s.tail_lo
+        s.last_read_epoch = epoch
+        s.read_tail_lo, s.read_tail_hi = s.tail_lo, s.tail_hi
     group.clock = epoch
     copies = totals[R_COPIES]
     counts = SelectionCounts(

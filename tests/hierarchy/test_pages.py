@@ -337,3 +337,24 @@ def test_open_keeps_the_tail_slots_unfinished_readers_hold(device: str, policy: 
     h.group.readers_finished()
     h.open("a", 2)  # rows 19, 20: slots 5, 6
     h.check()
+
+
+def test_open_does_not_rewrite_a_dropped_row_unfinished_readers_resolved(device: str) -> None:
+    """A round's own rows 14 and 15 were opened and read; a commit then dropped them (not
+    accepted). Reopening row 14 would write new bytes into the slot the readers hold for
+    it: refused, nothing changed, until they finish."""
+    h = Harness(device, policy="hisparse", layers=1)
+    h.admit("a", 28, 14)
+    h.open("a", 2)
+    sel = h.tensor([[[15, 14]]])
+    plan = h.resolve(["a"], sel, visible=[[16]])
+    commit_rows(h.group, "a", 14)  # rows 14 and 15 dropped
+    before = snapshot(h)
+    with pytest.raises(FailedPrecondition,
+                       match=r"reopens row 14, dropped after readers of epoch=\d+ .* up to 16"):
+        open_rows(h.group, "a", 1)
+    assert_same(before, snapshot(h))
+    assert_exact(h.group, h.truth, plan, sel)
+    h.group.readers_finished()
+    h.open("a", 2)
+    h.check()

@@ -79,10 +79,12 @@ class HierarchyMachine(RuleBasedStateMachine):
 
     def reuses_read_slots(self, rid: str, count: int) -> bool:
         """Opening ``count`` rows would write a tail slot that unfinished readers may hold:
-        the slot of a row in the tail when they resolved (open_rows refuses)."""
+        the slot of a row in the tail when they resolved, or of a row they resolved that a
+        commit dropped since (open_rows refuses)."""
         s = self.g.request(rid)
-        return (self.g.readers_pending(s)
-                and s.tail_hi + count > s.read_tail_lo + self.h.config.tail_rows)
+        return self.g.readers_pending(s) and (
+            s.tail_hi < s.read_tail_hi
+            or s.tail_hi + count > s.read_tail_lo + self.h.config.tail_rows)
 
     def unbacked(self, rid: str, pages: list[int]) -> bool:
         backed, p = self.g.backed_mask(self.g.request(rid)), self.h.config.page_rows

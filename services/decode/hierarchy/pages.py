@@ -193,7 +193,8 @@ def open_rows(group: SourceGroup, request_id: str, count: int) -> torch.Tensor:
     The engine writes every payload layer's new rows there: ``group.payload(l)[locs] = kv``.
     Row r takes ring slot r % tail_rows. While the request's readers are unfinished, a slot
     that held a row of the tail they resolved against is not handed out (FailedPrecondition):
-    a backup or a resident commit since may have moved tail_lo past that row.
+    a backup or a resident commit since may have moved tail_lo past that row, or a commit
+    dropped it.
     """
     state = group.request(request_id)
     stop = _open_stop(group, state, count)
@@ -216,17 +217,25 @@ def _open_stop(group: SourceGroup, state: RequestState, count: int) -> int:
             f"count={count} overflows the tail: rows [{state.tail_lo}, {stop}) > tail_rows="
             f"{group.config.tail_rows}; back up completed pages first"
         )
-    # row r takes ring slot r % T from row r - T: a slot the unfinished readers may hold as
-    # the location of a row that was in the tail when they resolved (backup or a resident
-    # commit moved tail_lo since) is not written before they finish
+    # row r takes ring slot r % T from row r - T. Not written before the request's readers
+    # finish: a slot they may hold as the location of a row that was in the tail when they
+    # resolved (a backup or a resident commit moved tail_lo past it since), nor the slot of
+    # a row they resolved that a commit dropped since (reopened, it would hold new bytes)
+    if not group.readers_pending(state):
+        return stop
     reuse_from = state.read_tail_lo + group.config.tail_rows
-    if group.readers_pending(state) and stop > reuse_from:
+    whose = (f"readers of epoch={state.last_read_epoch} of request_id={state.request_id!r} "
+             f"(finished epoch={group.finished_epoch})")
+    if state.tail_hi < state.read_tail_hi:
+        raise FailedPrecondition(
+            f"count={count} reopens row {state.tail_hi}, dropped after {whose} resolved rows "
+            f"up to {state.read_tail_hi}; open after they finish"
+        )
+    if stop > reuse_from:
         raise FailedPrecondition(
             f"count={count} opens rows up to {stop}, reusing the tail slots of rows from "
-            f"{state.read_tail_lo} that readers of epoch={state.last_read_epoch} of "
-            f"request_id={state.request_id!r} may read (finished epoch="
-            f"{group.finished_epoch}); open at most {max(0, reuse_from - state.tail_hi)} "
-            f"rows until they finish"
+            f"{state.read_tail_lo} that {whose} may read; open at most "
+            f"{max(0, reuse_from - state.tail_hi)} rows until they finish"
         )
     return stop
 

@@ -102,7 +102,8 @@ def resolve(
         rows, dst = _commit_lookup(group, state, lu, epoch)
         if rows.numel():
             copies.append((b, rows, dst))
-        state.last_read_epoch, state.read_tail_lo = epoch, state.tail_lo
+        state.last_read_epoch = epoch
+        state.read_tail_lo, state.read_tail_hi = state.tail_lo, state.tail_hi
         counts.add(lu.counts)
     group.clock = epoch
     group.counters.add(counts)
