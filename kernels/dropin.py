@@ -232,8 +232,7 @@ def resolve(
         row_bytes=group.spec.row_bytes, copy_blocks=copy_blocks, parts=parts,
     )
     for s in states:
-        s.last_read_epoch = epoch
-        s.read_tail_lo, s.read_tail_hi = s.tail_lo, s.tail_hi
+        group.note_read(s, epoch)
     group.clock = epoch
     copies = totals[R_COPIES]
     counts = SelectionCounts(

@@ -334,8 +334,10 @@ def commit(
     ST_STAGING and nothing changes.
 
     copy_blocks: blocks sharing the miss copies; 0 = the kernel's rule (``launched_copy_blocks``
-    launched; at work 16 while the batch misses at most 1024 rows per request, else about
-    one per 512 copy items of the mean request's misses, at least 16); None =
+    launched; at work 48 while the batch misses at most 1024 rows per request and 16384 in
+    all, copying them by 16-byte loads, 16 while it misses more but at most 1024 per
+    request, else about one per 512 copy items of the mean request's misses, at least 16;
+    resolver_copy.cuh copy_share); None =
     ``default_copy_blocks()``.
     parts: commit blocks per request, each stamping the hits of 1 / parts of its slots
     (part 0 also takes the misses); 0 = ``commit_parts_rule``; None =

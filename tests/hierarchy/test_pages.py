@@ -308,10 +308,12 @@ def test_release_whose_host_close_fails_still_frees_and_closes_the_rest(
 @pytest.mark.parametrize("policy", ["hisparse", "resident"])
 def test_open_keeps_the_tail_slots_unfinished_readers_hold(device: str, policy: str) -> None:
     """A plan read rows 12 and 13 from the tail (ring slots 5 and 6 of 7); then a backup
-    (or a resident commit) moved tail_lo past them. Opening row 19 or 20 would write those
-    slots: refused, nothing changed, while the readers are unfinished (the hypothesis state
-    machine's counterexample: the plan's rows were overwritten); rows 16-18 take the slots
-    of rows 9-11, which no reader held. Once the readers finish, the rows open."""
+    (or a resident commit) moved tail_lo past them, and a second read came after it.
+    Opening row 19 or 20 would write those slots: refused, nothing changed, while the first
+    plan's readers are unfinished (the hypothesis state machine's counterexample: the plan's
+    rows were overwritten; a review's: the second read forgot the first's tail); rows 16-18
+    take the slots of rows 9-11, which no reader held. Once the readers finish, the rows
+    open."""
     h = Harness(device, policy=policy, layers=1)
     h.admit("a", 28, 14)  # tail_lo 12, committed 14
     h.open("a", 2)
@@ -325,6 +327,7 @@ def test_open_keeps_the_tail_slots_unfinished_readers_hold(device: str, policy: 
         commit_rows(h.group, "a", 16)  # rows 12-15 copied to a page: tail_lo 16
     else:
         assert backup(h.group, "a") == 4  # page 3 (rows 12-15), the tail's first
+    h.resolve(["a"], [[[15, 11]]], visible=[[16]])  # rows no longer in the tail
     s = h.group.request("a")
     assert (s.tail_lo, s.tail_hi) == (16, 16) and h.group.readers_pending(s)
     before = snapshot(h)
@@ -341,14 +344,15 @@ def test_open_keeps_the_tail_slots_unfinished_readers_hold(device: str, policy: 
 
 def test_open_does_not_rewrite_a_dropped_row_unfinished_readers_resolved(device: str) -> None:
     """A round's own rows 14 and 15 were opened and read; a commit then dropped them (not
-    accepted). Reopening row 14 would write new bytes into the slot the readers hold for
-    it: refused, nothing changed, until they finish."""
+    accepted), and a second read came after it. Reopening row 14 would write new bytes into
+    the slot the first readers hold for it: refused, nothing changed, until they finish."""
     h = Harness(device, policy="hisparse", layers=1)
     h.admit("a", 28, 14)
     h.open("a", 2)
     sel = h.tensor([[[15, 14]]])
     plan = h.resolve(["a"], sel, visible=[[16]])
     commit_rows(h.group, "a", 14)  # rows 14 and 15 dropped
+    h.resolve(["a"], [[[13]]], visible=[[14]])
     before = snapshot(h)
     with pytest.raises(FailedPrecondition,
                        match=r"reopens row 14, dropped after readers of epoch=\d+ .* up to 16"):

@@ -57,6 +57,8 @@ class HierarchyMachine(RuleBasedStateMachine):
         )
         self.g = self.h.group
         self.pending = None  # (plan, selections) not yet applied to every layer
+        # applied plans whose readers have not finished: their rows stay exact until a fence
+        self.unfinished: list[tuple] = []
         self.favorites: dict[str, list[int]] = {}
 
     # -- helpers ----------------------------------------------------------------------------
@@ -140,12 +142,10 @@ class HierarchyMachine(RuleBasedStateMachine):
         if k_queries <= 0 or s.tail_hi + k_queries - s.tail_lo > self.h.config.tail_rows:
             return
         self.apply_pending()
-        if self.reuses_read_slots(rid, k_queries):  # an engine fences its readers first
-            self.fails(FailedPrecondition, self.h.open, rid, k_queries)
-            return
+        self.finish_readers()  # the engine's round opens after the last round's fence
         self.h.open(rid, k_queries)
         self.resolve_batch([rid], k_queries, k, seed, True, True)
-        self.g.readers_finished()
+        self.finish_readers()
         release_staging(self.g)
         commit = min(s.committed + 1 + accepted, s.tail_hi)
         if self.policy != "resident" or self.g.pages.can_allocate(commit // 4 - s.tail_lo // 4):
@@ -183,8 +183,12 @@ class HierarchyMachine(RuleBasedStateMachine):
             assert "staging" in str(exc)
             assert_same(before, snapshot(self.h))
             return
-        self.pending = (plan, sel_t) if plan.copy_rows.numel() else None
-        if apply_now or self.pending is None:
+        if not plan.copy_rows.numel():
+            assert_exact(self.g, self.h.truth, plan, sel_t)
+            self.unfinished.append((plan, sel_t))
+            return
+        self.pending = (plan, sel_t)
+        if apply_now:
             self.apply_pending()
 
     @precondition(lambda self: self.pending is not None)
@@ -195,11 +199,17 @@ class HierarchyMachine(RuleBasedStateMachine):
             for layer in sorted(self.g.pending_layers):
                 apply_copies(self.g, plan, layer)
             assert_exact(self.g, self.h.truth, plan, sel)
+            if plan.epoch > self.g.finished_epoch:  # (a fence may have come before the copies)
+                self.unfinished.append((plan, sel))
             self.pending = None
+
+    def finish_readers(self) -> None:
+        self.g.readers_finished()
+        self.unfinished.clear()
 
     @rule()
     def fence(self) -> None:
-        self.g.readers_finished()
+        self.finish_readers()
 
     @rule()
     def staging_release(self) -> None:
@@ -249,7 +259,7 @@ class HierarchyMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(self.live()))
         backup(self.g, rid)
         self.apply_pending()
-        self.g.readers_finished()
+        self.finish_readers()
         optional = self.g.request(rid).optional_logical_pages()
         assert retire(self.g, rid) == len(optional)
         assert not self.g.request(rid).optional_logical_pages()
@@ -287,11 +297,13 @@ class HierarchyMachine(RuleBasedStateMachine):
     @invariant()
     def every_invariant_holds(self) -> None:
         self.h.check()
+        for plan, sel in self.unfinished:  # I3 for every reader until it finishes
+            assert_exact(self.g, self.h.truth, plan, sel)
 
     def teardown(self) -> None:
         # drain: everything released must give back every page, slot and history
         self.apply_pending()
-        self.g.readers_finished()
+        self.finish_readers()
         release_staging(self.g)
         for rid in self.live():
             release(self.g, rid)

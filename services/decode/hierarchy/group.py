@@ -144,3 +144,14 @@ class SourceGroup:
 
     def readers_pending(self, state: RequestState) -> bool:
         return state.last_read_epoch > self.finished_epoch
+
+    def note_read(self, state: RequestState, epoch: int) -> None:
+        """Readers of ``epoch`` resolved ``state``'s rows: the tail they may hold widens to
+        cover the current tail (``open_rows`` keeps its slots until every reader finished);
+        with no reader pending it is the current tail."""
+        if self.readers_pending(state):  # earlier readers still hold their slots
+            state.read_tail_lo = min(state.read_tail_lo, state.tail_lo)
+            state.read_tail_hi = max(state.read_tail_hi, state.tail_hi)
+        else:
+            state.read_tail_lo, state.read_tail_hi = state.tail_lo, state.tail_hi
+        state.last_read_epoch = epoch

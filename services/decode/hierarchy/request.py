@@ -64,8 +64,8 @@ class RequestState:
     required_pages: list[int]
     backings: list[HostBacking] = field(default_factory=list)
     last_read_epoch: int = 0
-    read_tail_lo: int = 0  # tail_lo and tail_hi when the readers of last_read_epoch
-    read_tail_hi: int = 0  # resolved (open_rows)
+    read_tail_lo: int = 0  # the tail [read_tail_lo, read_tail_hi) unfinished readers may
+    read_tail_hi: int = 0  # hold slots of (SourceGroup.note_read, open_rows)
 
     @property
     def tail_span(self) -> int:

@@ -102,8 +102,7 @@ def resolve(
         rows, dst = _commit_lookup(group, state, lu, epoch)
         if rows.numel():
             copies.append((b, rows, dst))
-        state.last_read_epoch = epoch
-        state.read_tail_lo, state.read_tail_hi = state.tail_lo, state.tail_hi
+        group.note_read(state, epoch)
         counts.add(lu.counts)
     group.clock = epoch
     group.counters.add(counts)
