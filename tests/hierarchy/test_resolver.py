@@ -221,3 +221,26 @@ def test_empty_batch_and_all_padding(device: str) -> None:
     plan = h.resolve(["a"], [[[-1, -1]]])
     assert plan.locations.tolist() == [[[-1, -1]]] and plan.direct.tolist() == [True]
     assert plan.counts.selected == 0
+
+
+def test_readers_of_a_plan_cannot_finish_before_its_copies_land(device: str) -> None:
+    """A fence while a plan's copies are pending in some layer is refused and changes
+    nothing: those readers have not read, and a fence would let a backup, retire or open
+    free slots the copies still land in. Once every layer is applied, it goes through."""
+    h = host_request(device)
+    sel = h.tensor([[[2, 0]]])
+    plan = resolve(h.group, ["a"], sel, h.causal_bounds(["a"], 1))
+    assert plan.copy_rows.numel() == 2
+    apply_copies(h.group, plan, 0)
+    before = snapshot(h)
+    with pytest.raises(FailedPrecondition, match=rf"epoch={plan.epoch}: the plan of "
+                       rf"epoch={plan.epoch} is not applied to payload layers \[1\]"):
+        h.group.readers_finished()
+    with pytest.raises(FailedPrecondition, match="apply_copies before its readers finish"):
+        h.group.readers_finished(plan.epoch)
+    assert_same(before, snapshot(h))
+    h.group.readers_finished(plan.epoch - 1)  # earlier readers may finish
+    apply_copies(h.group, plan, 1)
+    assert_exact(h.group, h.truth, plan, sel)
+    h.group.readers_finished()
+    h.check()

@@ -199,8 +199,7 @@ class HierarchyMachine(RuleBasedStateMachine):
             for layer in sorted(self.g.pending_layers):
                 apply_copies(self.g, plan, layer)
             assert_exact(self.g, self.h.truth, plan, sel)
-            if plan.epoch > self.g.finished_epoch:  # (a fence may have come before the copies)
-                self.unfinished.append((plan, sel))
+            self.unfinished.append((plan, sel))
             self.pending = None
 
     def finish_readers(self) -> None:
@@ -209,7 +208,10 @@ class HierarchyMachine(RuleBasedStateMachine):
 
     @rule()
     def fence(self) -> None:
-        self.finish_readers()
+        if self.pending is not None:  # its readers have not read: copies still to land
+            self.fails(FailedPrecondition, self.g.readers_finished)
+        else:
+            self.finish_readers()
 
     @rule()
     def staging_release(self) -> None:

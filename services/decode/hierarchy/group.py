@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from services.common.backing import HostBackingProvider
-from services.common.errors import InvalidArgument, NotFound
+from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 from .config import HierarchyConfig, SourceSpec, is_int
 from .counters import SelectionCounts
@@ -133,12 +133,20 @@ class SourceGroup:
 
     # -- reader fence ----------------------------------------------------------------------
     def readers_finished(self, epoch: int | None = None) -> None:
-        """Every reader of resolves up to ``epoch`` (default: the latest) has finished."""
+        """Every reader of resolves up to ``epoch`` (default: the latest) has finished. Not
+        while a plan of such a resolve has layers whose copies are not applied: their readers
+        have not read yet (a fence then would free slots the copies still land in)."""
         epoch = self.clock if epoch is None else epoch
         if not self.finished_epoch <= epoch <= self.clock:
             raise InvalidArgument(
                 f"epoch={epoch} must lie in [finished_epoch={self.finished_epoch}, "
                 f"clock={self.clock}]"
+            )
+        if self.pending_layers and epoch >= self.pending_epoch:
+            raise FailedPrecondition(
+                f"epoch={epoch}: the plan of epoch={self.pending_epoch} is not applied to "
+                f"payload layers {sorted(self.pending_layers)}; apply_copies before its "
+                f"readers finish"
             )
         self.finished_epoch = epoch
 

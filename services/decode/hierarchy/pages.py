@@ -224,8 +224,8 @@ def _open_stop(group: SourceGroup, state: RequestState, count: int) -> int:
     if not group.readers_pending(state):
         return stop
     reuse_from = state.read_tail_lo + group.config.tail_rows
-    whose = (f"readers of epoch={state.last_read_epoch} of request_id={state.request_id!r} "
-             f"(finished epoch={group.finished_epoch})")
+    whose = (f"readers of epochs {group.finished_epoch + 1}..{state.last_read_epoch} of "
+             f"request_id={state.request_id!r}")
     if state.tail_hi < state.read_tail_hi:
         raise FailedPrecondition(
             f"count={count} reopens row {state.tail_hi}, dropped after {whose} resolved rows "
