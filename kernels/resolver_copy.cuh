@@ -282,7 +282,7 @@ __device__ __forceinline__ void tma_drain(unsigned long long* bars, int issued) 
 // 32 30.4-31.2 / 95.7-96.8 / 319.0-320.7 us on 32 blocks against 35.3-37.5 / 101.2-102.0 /
 // 326.9-328.4, 656 B at batch 32 247.9-257.3 against 255.4-266.2 (e94da73); on 48 blocks
 // 1152 B at batch 32 315.7-317.5 against 317.3-321.6 on 32 (4262cb8). With many rows more
-// blocks lost (batch 160 at 656 B, 32 blocks by loads: +12 to +126 us, 11d30fb; only 16 of
+// blocks lost (batch 160 at 656 B, 32 blocks by loads: +45 to +126 us, 11d30fb; only 16 of
 // the 32 preloaded in that build, all of them would now). The limit counts one layer's
 // misses: calls copying several layers are not measured. Not where TMA copies were asked
 // for from 0 rows (tma_forced: DHISPARSE_COPY_TMA=1). The diagnostic build
