@@ -150,7 +150,10 @@ def command(
     probes = {v: gather_probe.variant(v, dev.index or 0) for v in variants.split(",") if v}
     auto = sm_count(dev.index or 0) * 8
     perm = torch.rand(regions, seq_len, device=dev).argsort(1)
-    pool_perm = torch.randperm(regions * seq_len, device=dev)
+    # a permutation of the whole pool (8 bytes a row), for the pool patterns only
+    pool_perm = None
+    if any(nreg == 0 for nreg, _, _ in pats):
+        pool_perm = torch.randperm(regions * seq_len, device=dev)
     for mode in modes.split(","):
         t0 = time.time()
         huge0 = anon_huge_kb()

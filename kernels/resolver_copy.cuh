@@ -263,9 +263,6 @@ __device__ __forceinline__ void tma_drain(unsigned long long* bars, int issued) 
 }
 
 #define COPY_BLOCKS_MIN 16
-#ifndef COPY_BLOCKS_SPARSE  // the sparse case's blocks at work (a diagnostic build may set it)
-#define COPY_BLOCKS_SPARSE COPY_BLOCKS_MIN
-#endif
 #define HM_SLOTS 8  // hit-mask slots per commit thread loaded with the summary
 #define COPY_ITEMS_PER_BLOCK 512  // W-byte items of the mean request per copy block at work
 #define COPY_SPARSE_ROWS 1024  // a batch missing at most this many rows per request: COPY_BLOCKS_MIN
@@ -304,7 +301,7 @@ __device__ __forceinline__ bool copy_few(i64 n_copies, int batch, int copy_block
 // Copy blocks at work (*active) and the spacing of the working ones among the ncb launched
 // (*step), for n_copies misses (vpr W-byte vectors a row).
 // At work: copy_blocks, or (0) COPY_BLOCKS_FEW where the call has few misses (copy_few),
-// else COPY_BLOCKS_SPARSE (= COPY_BLOCKS_MIN) while the mean request
+// else COPY_BLOCKS_MIN while the mean request
 // misses at most COPY_SPARSE_ROWS rows, else about one per COPY_ITEMS_PER_BLOCK W-byte
 // items of the mean request's misses in one layer, at least COPY_BLOCKS_MIN (layers
 // are copied one after the other, so the requests in flight at once depend on the
@@ -327,7 +324,7 @@ __device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blo
     int a = copy_blocks;
     const bool sparse = a <= 0 && n_copies <= (i64)COPY_SPARSE_ROWS * batch;
     if (sparse) {
-        a = few ? COPY_BLOCKS_FEW : COPY_BLOCKS_SPARSE;
+        a = few ? COPY_BLOCKS_FEW : COPY_BLOCKS_MIN;
     } else if (a <= 0) {
         const i64 per_request = (n_copies * vpr + batch - 1) / batch;
         a = (int)min((i64)ncb, max((i64)COPY_BLOCKS_MIN, (per_request + COPY_ITEMS_PER_BLOCK - 1) /

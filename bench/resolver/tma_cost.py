@@ -21,7 +21,8 @@ and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
 slot order (runs 76 and 79); so were those whose question was answered: the rank form's
 cache read in three dependent round trips (``*_rank2trips``, run 86: the one-round-trip
-read is the default since).
+read is the default since) and more blocks for sparse misses (``*_sparse<n>``, the
+COPY_BLOCKS_SPARSE build, run 94: the few-miss rule since, ``*_few_off`` / ``*_few<n>``).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -82,12 +83,6 @@ VARIANTS = {
     "tma_few32": Variant(True, flags=("-DCOPY_BLOCKS_FEW=32",)),
     "plain_few24": Variant(False, flags=("-DCOPY_BLOCKS_FEW=24",)),
     "plain_few32": Variant(False, flags=("-DCOPY_BLOCKS_FEW=32",)),
-    "plain_sparse24": Variant(False, flags=("-DCOPY_BLOCKS_SPARSE=24",)),
-    "tma_sparse24": Variant(True, flags=("-DCOPY_BLOCKS_SPARSE=24",)),
-    "plain_sparse32": Variant(False, flags=("-DCOPY_BLOCKS_SPARSE=32",)),
-    "tma_sparse32": Variant(True, flags=("-DCOPY_BLOCKS_SPARSE=32",)),
-    "plain_sparse48": Variant(False, flags=("-DCOPY_BLOCKS_SPARSE=48",)),
-    "tma_sparse48": Variant(True, flags=("-DCOPY_BLOCKS_SPARSE=48",)),
 }
 
 

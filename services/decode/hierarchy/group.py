@@ -157,8 +157,8 @@ class SourceGroup:
         """Readers of ``epoch`` resolved ``state``'s rows: the tail they may hold widens to
         cover the current tail (``open_rows`` keeps its slots until every reader finished);
         with no reader pending it is the current tail."""
-        if self.readers_pending(state):  # earlier readers still hold their slots
-            state.read_tail_lo = min(state.read_tail_lo, state.tail_lo)
+        if self.readers_pending(state):  # earlier readers still hold their slots; read_tail_lo
+            # stays (tail_lo only grows)
             state.read_tail_hi = max(state.read_tail_hi, state.tail_hi)
         else:
             state.read_tail_lo, state.read_tail_hi = state.tail_lo, state.tail_hi
