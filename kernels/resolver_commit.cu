@@ -8,6 +8,19 @@
 // the commit kernels compile to other SASS than the one the GPU tests and runs 69-72 ran.
 __shared__ i64 c_off[MAXB + 1], c_soff[MAXB + 1];
 
+// The block's role: commit block x < n_commit, else copy block x - n_commit. The commit
+// blocks come first in the grid; the diagnostic build RESOLVER_COPY_FIRST puts the copy
+// blocks first (blocks start in index order, so they are the ones that start beside a
+// lookup still running: with the 2x512 lookup at batch 160, the 52 SMs it leaves free).
+__device__ __forceinline__ int block_role(int n_commit) {
+#ifdef RESOLVER_COPY_FIRST
+    const int ncb = (int)gridDim.x - n_commit;
+    return (int)blockIdx.x < ncb ? n_commit + (int)blockIdx.x : (int)blockIdx.x - ncb;
+#else
+    return (int)blockIdx.x;
+#endif
+}
+
 // A copy block of the commit launch once the lookup grid ended, in a call with copies: its
 // share of the miss copies (copy_share), by loads or, in the TMA kernel from tma_min_rows
 // rows on, by the tensor memory accelerator. Out of line it made 20%-miss calls slower
@@ -28,7 +41,7 @@ __device__ __forceinline__ void copy_block(const i64* __restrict__ table, const 
     int active, step;
     const bool few = copy_few(n_copies, batch, copy_blocks, tma && tma_min_rows == 0);
     copy_share(n_copies, batch, copy_blocks, few, ncb, row_bytes / W, &active, &step);
-    const int cb = (int)blockIdx.x - n_commit;
+    const int cb = block_role(n_commit) - n_commit;
     if (cb % step != 0 || cb / step >= active) return;
     if (!sums_here) {
         for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
@@ -78,13 +91,14 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     __shared__ unsigned s_tmp[33], s_cnt[8];
     const int Kk = K * k;
     const int n_commit = batch * parts;
+    const int bi = block_role(n_commit);
     // copy blocks of the sync-free path (call != 0): the first round of host reads goes out
     // before the lookup grid ends (preload)
     typename Vec<W>::T pre[U];
     bool have_pre = false;
-    if (call && sums_here && n_layers > 0 && (int)blockIdx.x >= n_commit)
+    if (call && sums_here && n_layers > 0 && bi >= n_commit)
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
-                              (int)gridDim.x - n_commit, (int)blockIdx.x - n_commit, call, totals + R_PRELOADS,
+                              (int)gridDim.x - n_commit, bi - n_commit, call, totals + R_PRELOADS,
                               c_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
@@ -97,8 +111,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     // a commit block loads its summary, its slot-state pointers and the hit-mask words of its
     // first HM_SLOTS * blockDim.x slots together with the totals (one round trip, not three:
     // for B up to that, the stamping below waits for no further load)
-    const bool commit_block = (int)blockIdx.x < n_commit;
-    const int rb = commit_block ? (int)blockIdx.x % batch : 0, part = commit_block ? (int)blockIdx.x / batch : 0;
+    const bool commit_block = bi < n_commit;
+    const int rb = commit_block ? bi % batch : 0, part = commit_block ? bi / batch : 0;
     const int span = ((B + parts - 1) / parts + 31) & ~31, s_lo = min(B, part * span), s_hi = min(B, s_lo + span);
     const i64* sm = summary + (i64)rb * SCOLS;
     const i64* row = table + (i64)rb * TCOLS;
@@ -132,7 +146,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
             s_ok = 1, c_off[batch] = 0;  // what the sums give then (sum_batch overwrites them)
         }
         __syncthreads();
-        const bool totals_block = (int)blockIdx.x == (int)gridDim.x - 1;
+        const bool totals_block = bi == (int)gridDim.x - 1;
         if (!s_fast || totals_block) {  // block-uniform
             sum_batch(summary, totals, batch, n_stage_locs, totals_block, c_off, c_soff, &s_ok, s_tmp,
                       s_cnt);  // syncs
@@ -146,7 +160,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         if (threadIdx.x == 0) {
             const i64 staged = totals[R_STAGED];
             s_ok = totals[R_STATUS] == 0 && staged <= n_stage_locs;
-            if (!s_ok && blockIdx.x == 0 && totals[R_STATUS] == 0) totals[R_STATUS] = ST_STAGING;
+            if (!s_ok && bi == 0 && totals[R_STATUS] == 0) totals[R_STATUS] = ST_STAGING;
         }
         __syncthreads();
     }
