@@ -105,7 +105,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-    TRACE(16);
+    TRACE_AT(16, bi);
     const i64* copy_off = totals + TOT_COLS;
     const i64* stage_off = copy_off + batch + 1;
     // a commit block loads its summary, its slot-state pointers and the hit-mask words of its
@@ -164,7 +164,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         }
         __syncthreads();
     }
-    TRACE(17);  // totals read
+    TRACE_AT(17, bi);  // totals read
     if (!s_ok) {
         tma_drain(s_bar, tma_issued);
         return;
@@ -179,7 +179,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     }
     const int b = rb;
     if (su == 0) return;  // direct lookup: no LRU change
-    TRACE(18);  // summary read
+    TRACE_AT(18, bi);  // summary read
     // loads of a group of U items are issued before their stores (see the lookup passes).
     // hot_index: a victim's row leaves it, its miss enters (no other thread's write can
     // meet these: the misses are held by no slot, the evicted rows by one each, I4); rows
@@ -247,7 +247,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
             }
         }
     }
-    TRACE(19);  // victims / hits stamped
+    TRACE_AT(19, bi);  // victims / hits stamped
     if (m == 0 || part > 0) return;  // hits only: every location was final after the lookup
     __syncthreads();
     i64* l_b = locs + (i64)b * Kk;

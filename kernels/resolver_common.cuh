@@ -90,19 +90,21 @@ enum { ST_SEL_LT_M1 = 1, ST_VISIBLE = 2, ST_SEL_GE_VISIBLE = 4, ST_NOT_RESIDENT 
        ST_STAGING = 32 };
 
 // Phase trace (bench/resolver/trace.py): compiled in only with -DRESOLVER_TRACE. Thread 0
-// of block TRACE_BLOCK stamps %globaltimer (ns) at each phase boundary of both launches
+// of block TRACE_BLOCK (in the commit launch the block of that role, block_role) stamps
+// %globaltimer (ns) at each phase boundary of both launches
 // into g_trace[slot]; slot 0..15 lookup, 16..23 commit block, 24..31 the last lookup block.
 #ifdef RESOLVER_TRACE
 __device__ unsigned long long g_trace[32];
 __device__ int g_trace_block;
-#define TRACE(slot)                                                               \
+#define TRACE_AT(slot, index)                                                     \
     do {                                                                          \
-        if (threadIdx.x == 0 && (int)blockIdx.x == g_trace_block) {               \
+        if (threadIdx.x == 0 && (index) == g_trace_block) {                       \
             unsigned long long t_;                                                \
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                \
             g_trace[slot] = t_;                                                   \
         }                                                                         \
     } while (0)
+#define TRACE(slot) TRACE_AT(slot, (int)blockIdx.x)
 #define TRACE_ANY(slot)                                                           \
     do {                                                                          \
         if (threadIdx.x == 0) {                                                   \
@@ -112,6 +114,7 @@ __device__ int g_trace_block;
         }                                                                         \
     } while (0)
 #else
+#define TRACE_AT(slot, index) do {} while (0)
 #define TRACE(slot) do {} while (0)
 #define TRACE_ANY(slot) do {} while (0)
 #endif
