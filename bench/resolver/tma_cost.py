@@ -4,7 +4,9 @@ of the commit launch, interleaved in rounds so that drift hits every variant ali
 within a case call by call (``--interleave 1``, the default since run 78 found bursts of
 outside disturbance lasting many calls; ``schedule``).
 
-Variants (``VARIANTS``): the plain kernel or the TMA kernel (``resolve_commit_16_tma``);
+Variants (``VARIANTS``): the plain kernel, the TMA kernel (``resolve_commit_16_tma``, TMA
+asked from 0 rows on, so at few misses not the default path since 0f1279e) or the default
+path (``auto*``: ``DHISPARSE_COPY_TMA`` as set, auto by default);
 the kernels' preferred shared-memory carveout (cudaFuncAttributePreferredSharedMemoryCarveout,
 default -1 = the driver's choice, 100 = all shared); the dynamic shared memory the commit
 launch asks for (the TMA kernel's row buffers, or none where a call has no misses, or the
@@ -49,7 +51,8 @@ from bench.resolver.report import print_md
 class Variant(NamedTuple):
     """How a variant's calls go out."""
 
-    tma: bool  # the TMA commit kernel (else the plain one)
+    tma: bool | None  # the TMA commit kernel from 0 rows on, the plain one, or None: as the
+    # default path (DHISPARSE_COPY_TMA; auto: TMA from 8192 rows of whole 128-byte lines)
     lookup_carveout: int = -1  # -1 = the driver's choice, 0 = the most L1, 100 = the most shared
     commit_carveout: int = -1
     shared: int | str | None = None  # the commit's dynamic shared bytes: None = the wrapper's,
@@ -84,6 +87,11 @@ VARIANTS = {
     "tma_few32": Variant(True, flags=("-DCOPY_BLOCKS_FEW=32",)),
     "plain_few24": Variant(False, flags=("-DCOPY_BLOCKS_FEW=24",)),
     "plain_few32": Variant(False, flags=("-DCOPY_BLOCKS_FEW=32",)),
+    "auto": Variant(None),
+    "auto_copyfirst": Variant(None, flags=("-DRESOLVER_COPY_FIRST",)),
+    "auto_lookup2x512": Variant(None, lookup_blocks="2x512"),
+    "auto_lookup2x512_copyfirst": Variant(None, flags=("-DRESOLVER_COPY_FIRST",),
+                                          lookup_blocks="2x512"),
     "plain_copyfirst": Variant(False, flags=("-DRESOLVER_COPY_FIRST",)),
     "tma_copyfirst": Variant(True, flags=("-DRESOLVER_COPY_FIRST",)),
     "plain_lookup2x512_copyfirst": Variant(False, flags=("-DRESOLVER_COPY_FIRST",),
