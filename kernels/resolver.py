@@ -192,7 +192,7 @@ def lookup(
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots, visible)
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
     dev = selections.device.index
-    func, flags, threads = lookup_variant()
+    func, flags, threads = lookup_variant(batch, sm_count(dev))
     # K > 1: the kernels with the identical-queries path (resolver_lookup.cu same_queries);
     # K = 1 calls keep kernels without its registers
     q = "_q" if k_queries > 1 else ""
@@ -247,11 +247,11 @@ def table_row(**columns: int) -> list[int]:
     return [int(columns[c]) for c in TABLE_COLUMNS]
 
 
-def lookup_variant() -> tuple[str, tuple[str, ...], int]:
-    """The lookup kernel ``lookup_shape`` picks: its name, the compile flags of its module (a
-    512-thread build is a module of its own: a phase trace reads that module's ``g_trace``)
-    and its threads per block."""
-    threads, per_sm = lookup_shape()
+def lookup_variant(batch: int = 0, sms: int = 0) -> tuple[str, tuple[str, ...], int]:
+    """The lookup kernel ``lookup_shape`` picks for ``batch`` requests on ``sms`` SMs: its
+    name, the compile flags of its module (a 512-thread build is a module of its own: a
+    phase trace reads that module's ``g_trace``) and its threads per block."""
+    threads, per_sm = lookup_shape(batch, sms)
     flags = defines() + (() if threads == LOOKUP_THREADS else (f"-DNT={threads}",))
     return ("resolve_lookup_2" if per_sm == 2 else "resolve_lookup"), flags, threads
 

@@ -95,11 +95,12 @@ def hit_form(hits: str | None, hot_slots: int, rank_fits: bool, batch: int, sms:
 LOOKUP_SHAPES = {"1": (1024, 1), "2": (1024, 2), "2x512": (512, 2)}  # threads, blocks per SM
 
 
-def lookup_shape() -> tuple[int, int]:
-    """Lookup threads per block and blocks per SM, ``DHISPARSE_LOOKUP_BLOCKS``:
+def lookup_shape(batch: int = 0, sms: int = 0) -> tuple[int, int]:
+    """Lookup threads per block and blocks per SM, ``DHISPARSE_LOOKUP_BLOCKS``: auto (the
+    default) takes 2x512 for a batch above the SM count ``sms``, else 1.
 
-    - 1 (the default, auto): 1024 threads, one block per SM, 64 registers, 4 loads in flight
-      per thread. A batch above the SM count runs in two waves.
+    - 1: 1024 threads, one block per SM, 64 registers, 4 loads in flight per thread. A
+      batch above the SM count runs in two waves.
     - 2: 1024 threads, two per SM: 32 registers, 2 loads in flight. Since hits are found by
       ``hot_index`` it spills (312 / 440 bytes stored / loaded, ptxas at 5607534) and was
       slower at batch 160 in the same call (H200, f238ac9, 656 B, top_k 2048, against 1: no
@@ -116,7 +117,8 @@ def lookup_shape() -> tuple[int, int]:
       lookup instead of after it) 20% misses at batch 160 gained instead (run 104, 3c79a3b:
       656 B 1360.4 / 1361.8 vs 1446.3 / 1426.8 us, 1152 B 1539.1 / 1544.9 vs 1550.9 /
       1544.4) and no misses kept 22.2-22.5 vs 26.4-27.3; cold calls and the GPU tests with
-      that order are not run yet, so the default stays. Its register sort holds
+      that order are not run yet (the copy blocks first and auto's 2x512 are the default
+      on this branch only). Its register sort holds
       8 keys per thread, all of B = 4096 (2d7f0b1; before, 4 per thread and the
       shared-memory sort above 2048 keys).
 
@@ -126,7 +128,9 @@ def lookup_shape() -> tuple[int, int]:
         raise InvalidArgument(
             f"DHISPARSE_LOOKUP_BLOCKS={value!r} must be one of {('auto', *LOOKUP_SHAPES)}"
         )
-    return LOOKUP_SHAPES["1" if value == "auto" else value]
+    if value == "auto":
+        value = "2x512" if sms and batch > sms else "1"
+    return LOOKUP_SHAPES[value]
 
 
 def _count(var: str, limit: int) -> int:

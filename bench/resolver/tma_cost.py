@@ -17,8 +17,10 @@ of a TMA call's rows into L2, since run 72; ``-DRESOLVER_NO_TMA_WARM`` does not)
 the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inlined
 (``-DRESOLVER_COPY_NOINLINE``), their 64-bit form inlined (``-DRESOLVER_WIDE_INLINE``; out of
 line by default since run 64); the lookup in two 512-thread blocks per SM
-(``DHISPARSE_LOOKUP_BLOCKS=2x512``, ``Variant.lookup_blocks``); the commit launch's copy
-blocks first in its grid (``-DRESOLVER_COPY_FIRST``, ``*_copyfirst``). Switches that measured
+(``DHISPARSE_LOOKUP_BLOCKS=2x512``, ``Variant.lookup_blocks``; the default above the SM
+count since run 104's finding, ``*_lookup1`` the one-block shape there); the commit launch's
+commit blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the order
+before run 104). Switches that measured
 nothing were removed with their variants: the lookup's sort, its miss path, the batch sums
 and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
@@ -88,16 +90,18 @@ VARIANTS = {
     "plain_few24": Variant(False, flags=("-DCOPY_BLOCKS_FEW=24",)),
     "plain_few32": Variant(False, flags=("-DCOPY_BLOCKS_FEW=32",)),
     "auto": Variant(None),
-    "auto_copyfirst": Variant(None, flags=("-DRESOLVER_COPY_FIRST",)),
-    "auto_lookup2x512": Variant(None, lookup_blocks="2x512"),
-    "auto_lookup2x512_copyfirst": Variant(None, flags=("-DRESOLVER_COPY_FIRST",),
-                                          lookup_blocks="2x512"),
-    "plain_copyfirst": Variant(False, flags=("-DRESOLVER_COPY_FIRST",)),
-    "tma_copyfirst": Variant(True, flags=("-DRESOLVER_COPY_FIRST",)),
-    "plain_lookup2x512_copyfirst": Variant(False, flags=("-DRESOLVER_COPY_FIRST",),
-                                           lookup_blocks="2x512"),
-    "tma_lookup2x512_copyfirst": Variant(True, flags=("-DRESOLVER_COPY_FIRST",),
-                                         lookup_blocks="2x512"),
+    "auto_commitfirst": Variant(None, flags=("-DRESOLVER_COMMIT_FIRST",)),
+    "auto_lookup1": Variant(None, lookup_blocks="1"),
+    "auto_lookup1_commitfirst": Variant(None, flags=("-DRESOLVER_COMMIT_FIRST",),
+                                        lookup_blocks="1"),
+    "plain_commitfirst": Variant(False, flags=("-DRESOLVER_COMMIT_FIRST",)),
+    "tma_commitfirst": Variant(True, flags=("-DRESOLVER_COMMIT_FIRST",)),
+    "plain_lookup1": Variant(False, lookup_blocks="1"),
+    "tma_lookup1": Variant(True, lookup_blocks="1"),
+    "plain_lookup1_commitfirst": Variant(False, flags=("-DRESOLVER_COMMIT_FIRST",),
+                                         lookup_blocks="1"),
+    "tma_lookup1_commitfirst": Variant(True, flags=("-DRESOLVER_COMMIT_FIRST",),
+                                       lookup_blocks="1"),
 }
 
 

@@ -114,7 +114,7 @@ def traced(dev: torch.device, reps: int, cases=CASES, every_block: bool = False)
     from bench.resolver.case import Case
     from bench.resolver.pool import State, alloc_host, fill_random, missed_rows
     from kernels._loader import module
-    from kernels.resolver import defines, lookup_variant
+    from kernels.resolver import defines, lookup_variant, sm_count
 
     assert defines() == ("-DRESOLVER_TRACE",)
     P, S, item, k, B = 160, 100_000, 656, 2048, 4096
@@ -130,14 +130,17 @@ def traced(dev: torch.device, reps: int, cases=CASES, every_block: bool = False)
                 cupy.ndarray((1,), dtype=np.int32, memptr=mod.get_global("g_trace_block")))
 
     # the commit's stamps (slots 16..23) land in the default module; a lookup built apart
-    # (512 threads, lookup_variant) stamps its slots in its own module's g_trace
+    # (512 threads, lookup_variant: auto's shape above the SM count) stamps its slots in its
+    # own module's g_trace
     g_trace, g_block = globals_of(defines())
-    l_trace, l_block = globals_of(lookup_variant()[1])  # the same arrays unless built apart
+    sms = sm_count(dev.index or 0)
     flush = Flusher(dev)
     rows = []
     for bs, prof in cases:
         cold = prof == "cold"
         m = missed_rows(prof, k)
+        # the lookup's module for this batch: the same arrays as the commit's unless apart
+        l_trace, l_block = globals_of(lookup_variant(bs, sms)[1])
         case = Case(st, host, pool, item, bs, 1, k, m, cold)
         ok = case.check(0)["ok"]
         # cold reads a new window of k rows per call: 3 (n + 3) + 2 windows must fit

@@ -39,9 +39,14 @@ def test_every_lookup_shape_variant_names_a_shape_the_wrapper_knows(monkeypatch)
 
     shapes = {n: v.lookup_blocks for n, v in VARIANTS.items() if v.lookup_blocks is not None}
     assert shapes  # the probe has lookup shapes to check
+    monkeypatch.delenv("DHISPARSE_LOOKUP_BLOCKS", raising=False)
+    # auto's shapes at batch 32 and 160 on 132 SMs: (1024, 1) and (512, 2)
+    auto = [lookup_shape(batch, 132) for batch in (32, 160)]
     for name, shape in shapes.items():
         monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", shape)
-        assert lookup_shape() == LOOKUP_SHAPES[shape] != LOOKUP_SHAPES["1"], name
+        pinned = [lookup_shape(batch, 132) for batch in (32, 160)]
+        # one shape at every batch, and not auto's at one of them at least
+        assert pinned == [LOOKUP_SHAPES[shape]] * 2 != auto, name
 
 
 def test_set_env_sets_or_unsets(monkeypatch) -> None:

@@ -150,7 +150,7 @@ def test_compile_variants_follow_the_environment(monkeypatch) -> None:
 
 
 
-def test_lookup_shape_defaults_to_one_block_per_sm(monkeypatch) -> None:
+def test_lookup_shape_is_one_block_per_sm_up_to_the_sm_count(monkeypatch) -> None:
     from kernels import resolver as kres
 
     for var in ("DHISPARSE_LOOKUP_BLOCKS", "DHISPARSE_RESOLVER_TRACE",
@@ -158,9 +158,13 @@ def test_lookup_shape_defaults_to_one_block_per_sm(monkeypatch) -> None:
         monkeypatch.delenv(var, raising=False)
     assert kres.lookup_shape() == (1024, 1)
     assert kres.lookup_variant() == ("resolve_lookup", (), 1024)
+    # auto: two 512-thread blocks per SM for a batch above the SM count (one wave)
+    assert kres.lookup_shape(132, 132) == (1024, 1)
+    assert kres.lookup_shape(133, 132) == (512, 2)
+    assert kres.lookup_variant(160, 132) == ("resolve_lookup_2", ("-DNT=512",), 512)
     for value, shape in (("1", (1024, 1)), ("2", (1024, 2)), ("2x512", (512, 2))):
         monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", value)
-        assert kres.lookup_shape() == shape
+        assert kres.lookup_shape() == shape == kres.lookup_shape(160, 132)  # as asked
     assert kres.lookup_variant() == ("resolve_lookup_2", ("-DNT=512",), 512)
     monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", "3")
     with pytest.raises(InvalidArgument, match="DHISPARSE_LOOKUP_BLOCKS='3' must be one of"):
