@@ -105,20 +105,6 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                               c_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
-#ifdef RESOLVER_ROW_EARLY
-    // diagnostic: the commit block's table columns (no kernel of the call writes the table)
-    // loaded before the wait, so that only the lookup's outputs are read after it
-    const bool commit_block_ = bi < n_commit;
-    const i64* row_ = table + (i64)(commit_block_ ? bi % batch : 0) * TCOLS;
-    i64 *e_hot_rows = nullptr, *e_stamp = nullptr, *e_protect = nullptr, *e_hot_index = nullptr;
-    const i64* e_hot_locs = nullptr;
-    i64 e_tail_hi = 0;
-    if (commit_block_) {
-        e_hot_rows = ptr<i64>(row_, T_HOT_ROWS), e_stamp = ptr<i64>(row_, T_HOT_STAMP);
-        e_protect = ptr<i64>(row_, T_HOT_PROTECT), e_hot_locs = ptr<const i64>(row_, T_HOT_LOCS);
-        e_hot_index = ptr<i64>(row_, T_HOT_INDEX), e_tail_hi = row_[T_TAIL_HI];
-    }
-#endif
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
@@ -141,14 +127,9 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)rb * B);
     if (commit_block) {
         su = sm[S_U], m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT];
-#ifdef RESOLVER_ROW_EARLY
-        hot_rows = e_hot_rows, stamp = e_stamp, protect = e_protect, hot_locs = e_hot_locs;
-        hot_index = e_hot_index, tail_hi = e_tail_hi;
-#else
         hot_rows = ptr<i64>(row, T_HOT_ROWS), stamp = ptr<i64>(row, T_HOT_STAMP);
         protect = ptr<i64>(row, T_HOT_PROTECT), hot_locs = ptr<const i64>(row, T_HOT_LOCS);
         hot_index = ptr<i64>(row, T_HOT_INDEX), tail_hi = row[T_TAIL_HI];
-#endif
         if (!sums_here) off = copy_off[rb], soff = stage_off[rb];
     }
     // the lookups' pending copies | status of this call (R_PEND, parity)
