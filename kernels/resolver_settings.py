@@ -110,15 +110,15 @@ def lookup_shape(batch: int = 0, sms: int = 0) -> tuple[int, int]:
       flight. Faster without misses above the SM count (batch 160: 28.0 vs 30.2 us, 2%:
       225.0 vs 227.2) but slower where the copies dominate (20%: 1539.0 vs 1479.2; cold
       4941 vs 4725 us, 1152 B 7828 vs 7574; with 16 copy blocks 5634 vs 4621: the copy
-      blocks land on other SMs behind it), so not the default. Again at 567ce2e (run 85,
-      rank form, call by call): no misses 22.0-22.5 vs 27.4-27.9 us at batch 160, but 20%
-      misses +39.8 / +43.5 us and cold +52.5 / +33.9 (656 / 1152 B). With the commit grid's
-      copy blocks first (the diagnostic build RESOLVER_COPY_FIRST: they start beside the
-      lookup instead of after it) 20% misses at batch 160 gained instead (run 104, 3c79a3b:
-      656 B 1360.4 / 1361.8 vs 1446.3 / 1426.8 us, 1152 B 1539.1 / 1544.9 vs 1550.9 /
-      1544.4) and no misses kept 22.2-22.5 vs 26.4-27.3; cold calls and the GPU tests with
-      that order are not run yet (the copy blocks first and auto's 2x512 are the default
-      on this branch only). Its register sort holds
+      blocks land on other SMs behind it), with the commit grid's commit blocks first. Again
+      at 567ce2e (run 85, rank form, call by call): no misses 22.0-22.5 vs 27.4-27.9 us at
+      batch 160, but 20% misses +39.8 / +43.5 us and cold +52.5 / +33.9 (656 / 1152 B).
+      With the copy blocks first (they start beside the lookup instead of after it; the
+      default since run 105) 20% misses at batch 160 gain instead: run 105 (8ebe4db, call
+      by call against the old defaults) 656 B 1352.4 / 1360.1 vs 1460.4 / 1424.3 us, 1152 B
+      1531.9 / 1538.1 vs 1548.5 / 1547.9, no misses 22.2-22.6 vs 26.7-27.2, cold 0.2-1.0%
+      slower (656 B 4770-4846 vs 4761-4828). So auto takes it above the SM count. Its
+      register sort holds
       8 keys per thread, all of B = 4096 (2d7f0b1; before, 4 per thread and the
       shared-memory sort above 2048 keys).
 
