@@ -75,13 +75,6 @@ __device__ __forceinline__ void lookup_body(
     // grid's completion before reading anything): its launch overlaps the lookup
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
-#ifdef RESOLVER_PEND_PREFETCH
-    // diagnostic: the pending word every commit block reads first after its wait (R_PEND)
-    // into L2 now; without misses no lookup block writes it, so it comes from DRAM after a
-    // flush, on the call's path (the trace's "totals read" step, 2.0-2.8 us at 1745be6)
-    if (!sums && b == 0 && threadIdx.x == 0)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(totals + R_PEND + 2 * parity));
-#endif
     // the round's K queries sharing one selection (same_queries): passes 1 and 2 take the
     // first query's Ke = k entries, its locations go to the others' at the end and the entry
     // counters count every query's; the others' bounds are checked apart (ST_VISIBLE).
