@@ -192,14 +192,15 @@ def lookup(
     batch, k_queries, k = _check_round(ws, table, selections, locations, hot_slots, visible)
     words, pow2 = bitmap_words(rows_bound), sort_size(hot_slots)
     dev = selections.device.index
-    func, flags, threads = lookup_variant(batch, sm_count(dev))
+    sms = sm_count(dev)
+    func, flags, threads = lookup_variant(batch, sms)
     # K > 1: the kernels with the identical-queries path (resolver_lookup.cu same_queries);
     # K = 1 calls keep kernels without its registers
     q = "_q" if k_queries > 1 else ""
     ranked = kernel("resolver", func + "_rank" + q, dev, True, flags)
     cap = dynamic_shared_cap(ranked, dev)  # 227 KB opt-in minus 1.25 KB static (ptxas -v)
     fits = lookup_shared_bytes(words, pow2, True) <= cap
-    rank = hit_form(hits, hot_slots, fits, batch, sm_count(dev)) == "rank"
+    rank = hit_form(hits, hot_slots, fits, batch, sms) == "rank"
     fn = ranked
     if not rank:
         fn = kernel("resolver", func + q, dev, True, flags)

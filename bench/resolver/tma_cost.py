@@ -17,10 +17,10 @@ of a TMA call's rows into L2, since run 72; ``-DRESOLVER_NO_TMA_WARM`` does not)
 the TMA copies inlined (``-DRESOLVER_TMA_INLINE``), the copies by loads not inlined
 (``-DRESOLVER_COPY_NOINLINE``), their 64-bit form inlined (``-DRESOLVER_WIDE_INLINE``; out of
 line by default since run 64); the lookup in two 512-thread blocks per SM
-(``DHISPARSE_LOOKUP_BLOCKS=2x512``, ``Variant.lookup_blocks``; the default above the SM
-count since run 104's finding, ``*_lookup1`` the one-block shape there); the commit launch's
-commit blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the order
-before run 104). Switches that measured
+(``DHISPARSE_LOOKUP_BLOCKS=2x512``, ``Variant.lookup_blocks``; auto's shape above the SM
+count since run 105, ``*_lookup1`` the one-block shape there); the commit launch's commit
+blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the order until
+run 105). Switches that measured
 nothing were removed with their variants: the lookup's sort, its miss path, the batch sums
 and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
