@@ -24,28 +24,6 @@ __device__ __forceinline__ int block_role(int n_commit) {
 #endif
 }
 
-#ifdef RESOLVER_SPIN_WAIT
-// Whether every lookup block of this call released its S_DONE tag (polled 2 requests per
-// thread), instead of griddepcontrol.wait; false after PRELOAD_WAIT_NS (the caller waits
-// for the grid then). Every thread calls it; block-uniform.
-__device__ bool lookups_done(const i64* __restrict__ summary, int batch, int call) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    for (;;) {
-        bool mine = true;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int q = 2 * threadIdx.x + j;
-            if (q < batch) mine &= ld_acquire(summary + (i64)q * SCOLS + S_DONE) == (i64)call;
-        }
-        if (__syncthreads_and(mine)) return true;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (__syncthreads_or(t - t0 >= PRELOAD_WAIT_NS)) return false;
-        __nanosleep(32);
-    }
-}
-#endif
-
 // A copy block of the commit launch once the lookup grid ended, in a call with copies: its
 // share of the miss copies (copy_share), by loads or, in the TMA kernel from tma_min_rows
 // rows on, by the tensor memory accelerator. Out of line it made 20%-miss calls slower
@@ -128,10 +106,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900
-#ifdef RESOLVER_SPIN_WAIT
-    if (!(call && sums_here && lookups_done(summary, batch, call)))
-#endif
-        asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     TRACE_AT(16, bi);
     const i64* copy_off = totals + TOT_COLS;
@@ -291,14 +266,6 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     }
 }
 
-// RESOLVER_SPIN_WAIT: a block that did not wait for the lookup grid before its work waits
-// for it at the end, so that the launch still ends after the lookup's
-#if defined(RESOLVER_SPIN_WAIT) && __CUDA_ARCH__ >= 900
-#define COMMIT_END_WAIT asm volatile("griddepcontrol.wait;" ::: "memory");
-#else
-#define COMMIT_END_WAIT
-#endif
-
 // resolve_commit_<W>: W-byte vector copies; resolve_commit_16_tma: the same kernel with the
 // miss copies by the tensor memory accelerator from tma_min_rows rows on (its own registers:
 // the copy loop of the others stays as it was; they ignore tma_min_rows)
@@ -314,7 +281,6 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                             stage_locs, n_stage_locs, copy_batch, copy_rows, copy_dst, staged_rows, host_ptrs, \
                             payload_ptrs, n_layers, batch, K, k, B, row_bytes, epoch, copy_blocks, sums_here, \
                             parts, parity, call, tma_min_rows);                                                \
-        COMMIT_END_WAIT                                                                                        \
     }
 COMMIT(resolve_commit_16, 16, false)
 COMMIT(resolve_commit_8, 8, false)

@@ -72,10 +72,7 @@ enum { RANK_VERSION, RANK_BUILT, RANK_WORDS, RANK_HEAD = 4 };
 // publishes (call << 32 | m) there as soon as its misses are listed, before it chooses the
 // victims; the commit's copy blocks wait for every request's and start reading host rows
 // while the lookup still runs (see resolver_commit.cu)
-// S_DONE: in the diagnostic build RESOLVER_SPIN_WAIT the lookup block's last store on the
-// sync-free path (the call's tag, released after every write of the block); the commit's
-// blocks poll every request's instead of waiting for the lookup grid (resolver_commit.cu)
-enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT, S_EARLY, S_DONE, SCOLS };
+enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT, S_EARLY, SCOLS };
 // totals (int64 [TOT_COLS + 2 * (batch + 1)]): then copy offsets [batch+1], stage offsets [batch+1].
 // R_PEND + 2 p + {P_COPIES, P_STATUS}: on the sync-free path (sums = 0) every lookup block
 // adds its misses and ORs its status into the slots of parity p (the host alternates it call

@@ -254,15 +254,6 @@ __device__ __forceinline__ void lookup_body(
         }
     }
     if (!sums) {  // the commit launch sums the summaries (sum_batch): no ticket, no last block
-#ifdef RESOLVER_SPIN_WAIT
-        if (call) {  // every write of the block (the queries' copies above too) before the tag
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                __threadfence();
-                st_release(summary + (i64)b * SCOLS + S_DONE, (i64)call);
-            }
-        }
-#endif
         TRACE(7);
         return;
     }

@@ -102,7 +102,6 @@ VARIANTS = {
                                          lookup_blocks="1"),
     "tma_lookup1_commitfirst": Variant(True, flags=("-DRESOLVER_COMMIT_FIRST",),
                                        lookup_blocks="1"),
-    "auto_spin": Variant(None, flags=("-DRESOLVER_SPIN_WAIT",)),
 }
 
 
