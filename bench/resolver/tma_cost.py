@@ -63,6 +63,8 @@ class Variant(NamedTuple):
     misses_ok: bool = True  # runs the cases with misses
     early: bool | None = None  # the copy blocks' preload: None = DHISPARSE_COPY_EARLY
     lookup_blocks: str | None = None  # DHISPARSE_LOOKUP_BLOCKS: None = as the environment has it
+    wave: bool = False  # the commit grid within one wave of 2 blocks per SM (copy blocks: the
+    # wave's slots the commit blocks leave, at least 48), not at least one copy block per SM
 
 
 VARIANTS = {
@@ -102,7 +104,16 @@ VARIANTS = {
                                          lookup_blocks="1"),
     "tma_lookup1_commitfirst": Variant(True, flags=("-DRESOLVER_COMMIT_FIRST",),
                                        lookup_blocks="1"),
+    "auto_ready": Variant(None, flags=("-DRESOLVER_READY_SHARED",)),
+    "auto_wave": Variant(None, wave=True),
 }
+
+
+def wave_copy_blocks(commit_blocks: int, sms: int) -> int:
+    """Variant.wave's launched copy blocks (``launched_copy_blocks`` without its one per SM)."""
+    from kernels.resolver_settings import COPY_BLOCKS_PER_SM
+
+    return max(48, COPY_BLOCKS_PER_SM * sms - commit_blocks)
 
 
 def set_env(var: str, value: str | None) -> None:
@@ -252,6 +263,7 @@ def main() -> None:
     t0 = time.time()
     wrap = Launches(kres)
     blocks = os.environ.get("DHISPARSE_LOOKUP_BLOCKS")  # the lookup shape of the other variants
+    launched = kres.launched_copy_blocks
     try:
         for rnd in range(args.rounds):
             st = State(P, S, B, dev)  # a fresh row order per round: fresh windows
@@ -269,6 +281,7 @@ def main() -> None:
                     wrap.shared = kres.TMA_ROWS * item if v.shared == "tma" else v.shared
                     wrap.flags, case.tma, case.early = v.flags, v.tma, v.early
                     set_env("DHISPARSE_LOOKUP_BLOCKS", v.lookup_blocks or blocks)
+                    kres.launched_copy_blocks = wave_copy_blocks if v.wave else launched
 
                 # each variant: its check and warm-up calls, then its timed calls, each call
                 # on its own row window from the variant's first one
@@ -300,6 +313,7 @@ def main() -> None:
     finally:
         wrap.restore()
         set_env("DHISPARSE_LOOKUP_BLOCKS", blocks)
+        kres.launched_copy_blocks = launched
     # the commit kernels' registers and spills as loaded (the plain one, the TMA one; W 16)
     for fn_name in ("resolve_commit_16", "resolve_commit_16_tma"):
         fn = kernel("resolver", fn_name, 0, fn_name.endswith("tma"), kres.defines())
