@@ -364,7 +364,8 @@ __device__ TMA_CALL void preload_tma(const TmaCopy t, int* issued) {
 // 71.4 us against 51.3 / 69.3 without; 20% misses, batch 1: 35.3 / 36.7 against 40.3 /
 // 44.4, batch 32: 277.2 / 337.2 against 284.1 / 340.5). The other blocks do not poll, so
 // neither does the last one (the batch's totals, on every call's path) where more than
-// COPY_PRELOAD_BLOCKS copy blocks are launched (launched_copy_blocks: at least one per SM).
+// COPY_PRELOAD_BLOCKS copy blocks are launched (launched_copy_blocks: at least 3/4 of the SM
+// count).
 template <int W>
 __device__ bool preload(typename Vec<W>::T (&pre)[U], const i64* __restrict__ summary,
                         const i64* __restrict__ misses, const i64* __restrict__ host_ptrs, int n_layers,

@@ -37,13 +37,10 @@ def defines() -> tuple[str, ...]:
     ``DHISPARSE_RESOLVER_LINEINFO=1`` adds source line info for a profiler (same code).
     ``DHISPARSE_RESOLVER_TMA_PRELOAD=1`` builds the TMA kernel's preload by TMA in (the
     sync-free path's first rows by TMA before the lookup ends; resolver_copy.cuh
-    ``preload_tma``): same results; off by default, its code slows calls without misses.
-    ``DHISPARSE_RESOLVER_READY_SHARED=1`` builds the rank-form lookup with the page flags
-    read into shared memory beside its cache (``lookup_shared_bytes``): same results."""
+    ``preload_tma``): same results; off by default, its code slows calls without misses."""
     switches = (("DHISPARSE_RESOLVER_TRACE", "-DRESOLVER_TRACE"),
                 ("DHISPARSE_RESOLVER_LINEINFO", "-lineinfo"),
-                ("DHISPARSE_RESOLVER_TMA_PRELOAD", "-DRESOLVER_TMA_PRELOAD"),
-                ("DHISPARSE_RESOLVER_READY_SHARED", "-DRESOLVER_READY_SHARED"))
+                ("DHISPARSE_RESOLVER_TMA_PRELOAD", "-DRESOLVER_TMA_PRELOAD"))
     return tuple(flag for var, flag in switches if _switch(var, "0"))
 
 
@@ -223,12 +220,20 @@ COPY_BLOCKS_PER_SM = 2  # resolve_commit's __launch_bounds__(512, 2): 64 registe
 def launched_copy_blocks(commit_blocks: int, sms: int) -> int:
     """Copy blocks the commit launches (the kernel puts its rule's share to work, see
     ``commit``): what the commit blocks leave of one wave of COPY_BLOCKS_PER_SM blocks per
-    SM, at least one per SM. Every launched block waits for the lookup and sums the batch
-    before it knows whether it copies, and blocks past one wave start only as others leave:
-    a call without misses at batch 32 (128 commit blocks) took 14.1 us with 136 copy blocks
-    against 14.6 with 264 (H200, a52842b, 1152 B, top_k 2048, same call; 13.6 with 16),
-    while cold calls read within 1.5% of 264 blocks' rate with 132 (186a8d1)."""
-    return max(sms, COPY_BLOCKS_PER_SM * sms - commit_blocks)
+    SM while that is at least 3/4 of the SM count, else one per SM. Every launched block
+    waits for the lookup and sums the batch before it knows whether it copies, and blocks
+    past one wave start only as others leave: a call without misses at batch 32 (128
+    commit blocks) took 14.1 us with 136 copy blocks against 14.6 with 264 (H200, a52842b,
+    1152 B, top_k 2048, same call; 13.6 with 16), while cold calls read within 1.5% of 264
+    blocks' rate with 132 (186a8d1). At batch 160 (160 commit blocks) one per SM made 292
+    blocks, past the wave; the 104 that fit it took 21.7-22.1 us without misses against
+    22.3-22.6 with 132, cold 4812-4838 against 4835-4876, 20% misses within the spread
+    (H200, e43d3aa, run 113, tma_cost auto_wave, call by call). More commit blocks than
+    leave 3/4 of the SM count to copy keep one per SM (batch 256: not measured)."""
+    wave = COPY_BLOCKS_PER_SM * sms
+    if wave - commit_blocks >= 3 * sms // 4:
+        return wave - commit_blocks
+    return max(sms, wave - commit_blocks)
 
 
 def commit_parts_rule(batch: int, sms: int) -> int:

@@ -93,9 +93,11 @@ def test_commit_parts_setting_is_validated_and_the_rule_fills_the_sms(monkeypatc
     # batch 1..33 on 132 SMs: 4 parts; then fewer, 1 once the batch fills the SMs
     assert [kres.commit_parts_rule(b, 132) for b in (1, 32, 33, 44, 45, 66, 67, 132, 256)] == [
         4, 4, 4, 3, 2, 2, 1, 1, 1]
-    # copy blocks launched: the rest of one wave of 2 per SM, at least one per SM
-    assert [kres.launched_copy_blocks(c, 132) for c in (1, 4, 128, 132, 133, 160, 1024)] == [
-        263, 260, 136, 132, 132, 132, 132]
+    # copy blocks launched: the rest of one wave of 2 per SM while that is at least 99 (3/4
+    # of the SMs), else one per SM
+    assert [kres.launched_copy_blocks(c, 132) for c in (1, 4, 128, 132, 133, 160, 165, 166,
+                                                        256, 1024)] == [
+        263, 260, 136, 132, 131, 104, 99, 132, 132, 132]
 
 
 def test_dependent_launch_structures_match_cuda_h() -> None:
