@@ -18,10 +18,6 @@ __shared__ i64 c_off[MAXB + 1], c_soff[MAXB + 1];
 __device__ __forceinline__ int block_role(int n_commit) {
 #ifdef RESOLVER_COMMIT_FIRST
     return (int)blockIdx.x;
-#elif defined(RESOLVER_PRELOAD_FIRST)  // diagnostic: the copy blocks that may preload, the
-    // commit blocks, then the other copy blocks
-    const int ncb = (int)gridDim.x - n_commit, pf = min(ncb, COPY_PRELOAD_BLOCKS), x = (int)blockIdx.x;
-    return x < pf ? n_commit + x : x < pf + n_commit ? x - pf : x;
 #else
     const int ncb = (int)gridDim.x - n_commit;
     return (int)blockIdx.x < ncb ? n_commit + (int)blockIdx.x : (int)blockIdx.x - ncb;
