@@ -229,11 +229,10 @@ def launched_copy_blocks(commit_blocks: int, sms: int) -> int:
     blocks, past the wave; the 104 that fit it took 21.7-22.1 us without misses against
     22.3-22.6 with 132, cold 4812-4838 against 4835-4876, 20% misses within the spread
     (H200, e43d3aa, run 113, tma_cost auto_wave, call by call). More commit blocks than
-    leave 3/4 of the SM count to copy keep one per SM (batch 256: not measured)."""
-    wave = COPY_BLOCKS_PER_SM * sms
-    if wave - commit_blocks >= 3 * sms // 4:
-        return wave - commit_blocks
-    return max(sms, wave - commit_blocks)
+    leave 3/4 of the SM count to copy keep one per SM (batch 256: not measured). At least
+    one copy block, whatever the SM count."""
+    left = COPY_BLOCKS_PER_SM * sms - commit_blocks
+    return left if left >= max(1, 3 * sms // 4) else sms
 
 
 def commit_parts_rule(batch: int, sms: int) -> int:

@@ -98,6 +98,8 @@ def test_commit_parts_setting_is_validated_and_the_rule_fills_the_sms(monkeypatc
     assert [kres.launched_copy_blocks(c, 132) for c in (1, 4, 128, 132, 133, 160, 165, 166,
                                                         256, 1024)] == [
         263, 260, 136, 132, 131, 104, 99, 132, 132, 132]
+    # a GPU of one SM: never none
+    assert [kres.launched_copy_blocks(c, 1) for c in (1, 2, 4)] == [1, 1, 1]
 
 
 def test_dependent_launch_structures_match_cuda_h() -> None:
