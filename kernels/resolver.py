@@ -199,14 +199,13 @@ def lookup(
     q = "_q" if k_queries > 1 else ""
     ranked = kernel("resolver", func + "_rank" + q, dev, True, flags)
     cap = dynamic_shared_cap(ranked, dev)  # 227 KB opt-in minus 1.25 KB static (ptxas -v)
-    pages = -(-words * 32 // page_rows)  # pages below row 32 words (resolver_lookup.cu rpages)
-    fits = lookup_shared_bytes(words, pow2, True, pages) <= cap
+    fits = lookup_shared_bytes(words, pow2, True) <= cap
     rank = hit_form(hits, hot_slots, fits, batch, sms) == "rank"
     fn = ranked
     if not rank:
         fn = kernel("resolver", func + q, dev, True, flags)
         cap = dynamic_shared_cap(fn, dev)
-    shared = lookup_shared_bytes(words, pow2, rank, pages)
+    shared = lookup_shared_bytes(words, pow2, rank)
     call = 0 if host_totals else ws.call % (1 << 30) + 1  # the sync-free path's tag
     check_limit(f"shared bytes ({48 if rank else 24} * ceil(rows_bound / 128) + 8.125 * pow2(B)"
                 f"{' + up to 8' if rank else ''})", shared, cap)
@@ -258,21 +257,14 @@ def lookup_variant(batch: int = 0, sms: int = 0) -> tuple[str, tuple[str, ...], 
     return ("resolve_lookup_2" if per_sm == 2 else "resolve_lookup"), flags, threads
 
 
-def lookup_shared_bytes(words: int, pow2: int, rank: bool = False, pages: int = 0) -> int:
+def lookup_shared_bytes(words: int, pow2: int, rank: bool = False) -> int:
     """Dynamic shared memory of the lookup (resolver_lookup.cu): the miss bitmap (u32) and
     its prefix (u16) over ``words`` rounded up to 16-byte groups, the hit bitmap over the
     ``pow2`` sorted slots, then their LRU keys (u64); the rank form adds a held-row bitmap
-    (at the next 16-byte boundary) and its prefix over the same words, and in the diagnostic
-    build RESOLVER_READY_SHARED the flags of up to ``pages`` pages (32-bit words from the
-    next 16-byte boundary, 3 bytes of head room)."""
+    (at the next 16-byte boundary) and its prefix over the same words."""
     wp = -(-words // 4) * 4
     base = 6 * wp + pow2 // 8 + 8 * pow2
-    if not rank:
-        return base
-    ranked = -(-base // 16) * 16 + 6 * wp  # held_at in resolver_lookup.cu
-    if "-DRESOLVER_READY_SHARED" in defines():
-        ranked = -(-ranked // 16) * 16 + 4 * -(-(pages + 6) // 4)
-    return ranked
+    return -(-base // 16) * 16 + 6 * wp if rank else base  # held_at in resolver_lookup.cu
 
 
 def _check_round(ws: Workspace, table: torch.Tensor, selections: torch.Tensor,

@@ -83,48 +83,16 @@ __device__ __forceinline__ void lookup_body(
     // path 1.01x (run 90, in every kernel then)
     const int Kq = SAME && K > 1 && same_queries(s_b, visible + (i64)b * K, K, k) ? 1 : K, Ke = Kq * k;
 
-    const int pages = rank ? (int)((tail_lo + p - 1) / p) : 0;
     if (rank) {  // into L2 while the block reads its cache: what pass 1 loads after it (the
         // selection, and the page map and flags of the pages below the tail)
+        const int pages = (int)((tail_lo + p - 1) / p);
         for (int i = threadIdx.x; i * 16 < Kk; i += NT) prefetch_l2(s_b + i * 16);
-#ifndef RESOLVER_READY_SHARED
         for (int i = threadIdx.x; i * 16 < pages; i += NT) prefetch_l2(page_map + i * 16);
         for (int i = threadIdx.x; i * 128 < pages; i += NT) prefetch_l2(page_ready + i * 128);
-#endif
     }
-#ifdef RESOLVER_READY_SHARED
-    // the rank form's page flags in shared memory, read in the cache's round trip (32-bit
-    // words from the flags' aligned-down start; s_ready[pg] is page pg's): pass 1 then
-    // loads the page map only for an entry on a ready page, and nothing after the selection
-    // for the others; the page map is not prefetched (read only where a page is ready)
-    const int rhead = (int)(reinterpret_cast<size_t>(page_ready) & 3);
-    const unsigned* rsrc =
-        reinterpret_cast<const unsigned*>(reinterpret_cast<const unsigned char*>(page_ready) - rhead);
-    // pages held: those below the tail and below row 32 W (the host sizes the shared memory
-    // for the latter; a page past it is read from global memory in pass 1)
-    const int rpages = (int)min((i64)pages, ((i64)W * 32 + p - 1) / p);
-    const int rwords = rpages > 0 ? (rhead + rpages + 3) >> 2 : 0;
-    const size_t ready_at = (held_at + (size_t)6 * Wp + 15) & ~(size_t)15;
-    unsigned* s_ready_w = reinterpret_cast<unsigned*>(smem + ready_at);
-    const unsigned char* s_ready = reinterpret_cast<const unsigned char*>(s_ready_w) + rhead;
-    unsigned rv[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        const int i = threadIdx.x + q * NT;
-        rv[q] = i < rwords ? rsrc[i] : 0u;
-    }
-#endif
     bitmap_fill(miss_bm, nullptr, Wp + Hp);
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
     if (rank) rank_cache(row, rank_at, B, W, Wp, rank_cap, held_bm, held_pre, keys, tmp);  // syncs
-#ifdef RESOLVER_READY_SHARED
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        const int i = threadIdx.x + q * NT;
-        if (i < rwords) s_ready_w[i] = rv[q];
-    }
-    for (int i = threadIdx.x + 4 * NT; i < rwords; i += NT) s_ready_w[i] = rsrc[i];
-#endif
     __syncthreads();
     TRACE(2);  // the rank form's cache in shared memory
 
@@ -171,16 +139,8 @@ __device__ __forceinline__ void lookup_body(
                 // page_map and hot_index beside page_ready (all indexed by the row), not
                 // after it: no dependent round trip; each is unused where it does not apply
                 const bool rest = r[q] >= 0 && !tail[q];
-#ifdef RESOLVER_READY_SHARED
-                if (RANK && rank) {
-                    page[q] = rest && (pg[q] < rpages ? s_ready[pg[q]] : page_ready[pg[q]]);
-                    pm[q] = page[q] ? page_map[pg[q]] : 0;
-                } else
-#endif
-                {
-                    page[q] = rest && page_ready[pg[q]];
-                    pm[q] = rest ? page_map[pg[q]] : 0;
-                }
+                page[q] = rest && page_ready[pg[q]];
+                pm[q] = rest ? page_map[pg[q]] : 0;
                 if (RANK)
                     hi[q] = rest && rank && r[q] < nbits ? rank_entry(held_bm, held_pre, keys, r[q]) : -1;
                 else
