@@ -130,11 +130,7 @@ __device__ __forceinline__ void lookup_body(
                 tail[q] = r[q] >= tail_lo && r[q] < tail_hi;
                 i64 tl = 0;
                 if (small) {
-#ifdef RESOLVER_PAGE_SHIFT  // diagnostic: page_rows = 2^RESOLVER_PAGE_SHIFT, a shift for the division
-                    pg[q] = r[q] >= 0 ? (unsigned)r[q] >> RESOLVER_PAGE_SHIFT : 0;
-#else
                     pg[q] = r[q] >= 0 ? (unsigned)r[q] / (unsigned)p : 0;
-#endif
                     tl = tail[q] ? (unsigned)r[q] % (unsigned)T : 0;
                 } else {
                     pg[q] = r[q] >= 0 ? r[q] / p : 0;

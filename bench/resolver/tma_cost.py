@@ -107,7 +107,6 @@ VARIANTS = {
                                        lookup_blocks="1"),
     "auto_wave": Variant(None, wave=True),
     "auto_one_per_sm": Variant(None, one_per_sm=True),
-    "auto_pshift": Variant(None, flags=("-DRESOLVER_PAGE_SHIFT=6",)),  # the bench's 64-row pages
 }
 
 
