@@ -63,9 +63,8 @@ class Variant(NamedTuple):
     misses_ok: bool = True  # runs the cases with misses
     early: bool | None = None  # the copy blocks' preload: None = DHISPARSE_COPY_EARLY
     lookup_blocks: str | None = None  # DHISPARSE_LOOKUP_BLOCKS: None = as the environment has it
-    wave: bool = False  # run 113's rule for the launched copy blocks: the wave's slots the
-    # commit blocks leave, at least 48 (the default since then: at least 99 on 132 SMs)
-    one_per_sm: bool = False  # the rule before run 113: at least one copy block per SM
+    copy_floor: str | None = None  # the launched copy blocks: what the commit blocks leave of
+    # one wave, at least COPY_FLOORS[copy_floor] (None: the wrapper's launched_copy_blocks)
 
 
 VARIANTS = {
@@ -105,23 +104,21 @@ VARIANTS = {
                                          lookup_blocks="1"),
     "tma_lookup1_commitfirst": Variant(True, flags=("-DRESOLVER_COMMIT_FIRST",),
                                        lookup_blocks="1"),
-    "auto_wave": Variant(None, wave=True),
-    "auto_one_per_sm": Variant(None, one_per_sm=True),
+    "auto_wave": Variant(None, copy_floor="48"),
+    "auto_one_per_sm": Variant(None, copy_floor="sms"),
 }
 
+# Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
+COPY_FLOORS = {"48": lambda sms: 48, "sms": lambda sms: sms}
 
-def wave_copy_blocks(commit_blocks: int, sms: int) -> int:
-    """Variant.wave's launched copy blocks: what the commit blocks leave of the wave, >= 48."""
+
+def floored_copy_blocks(floor: str):
+    """``launched_copy_blocks`` of Variant.copy_floor ``floor``: what the commit blocks leave
+    of one wave of COPY_BLOCKS_PER_SM blocks per SM, at least the floor."""
     from kernels.resolver_settings import COPY_BLOCKS_PER_SM
 
-    return max(48, COPY_BLOCKS_PER_SM * sms - commit_blocks)
-
-
-def one_per_sm_copy_blocks(commit_blocks: int, sms: int) -> int:
-    """Variant.one_per_sm's: what they leave of the wave, at least one per SM."""
-    from kernels.resolver_settings import COPY_BLOCKS_PER_SM
-
-    return max(sms, COPY_BLOCKS_PER_SM * sms - commit_blocks)
+    least = COPY_FLOORS[floor]
+    return lambda commit_blocks, sms: max(least(sms), COPY_BLOCKS_PER_SM * sms - commit_blocks)
 
 
 def set_env(var: str, value: str | None) -> None:
@@ -289,9 +286,8 @@ def main() -> None:
                     wrap.shared = kres.TMA_ROWS * item if v.shared == "tma" else v.shared
                     wrap.flags, case.tma, case.early = v.flags, v.tma, v.early
                     set_env("DHISPARSE_LOOKUP_BLOCKS", v.lookup_blocks or blocks)
-                    kres.launched_copy_blocks = (wave_copy_blocks if v.wave else
-                                                 one_per_sm_copy_blocks if v.one_per_sm
-                                                 else launched)
+                    kres.launched_copy_blocks = (floored_copy_blocks(v.copy_floor)
+                                                 if v.copy_floor else launched)
 
                 # each variant: its check and warm-up calls, then its timed calls, each call
                 # on its own row window from the variant's first one

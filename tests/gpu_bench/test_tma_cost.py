@@ -18,6 +18,7 @@ from bench.resolver.tma_cost import (
     Launches,
     differences,
     differences_md,
+    floored_copy_blocks,
     schedule,
     set_env,
     windows_needed,
@@ -141,3 +142,16 @@ def test_interleaved_calls_take_turns_and_back_to_back_calls_do_not() -> None:
     for interleave in (True, False):  # every variant's reps, each once
         calls = schedule(["a", "b", "c"], 4, interleave)
         assert sorted(calls) == [(n, r) for n in "abc" for r in range(4)]
+
+
+def test_copy_floor_variants_launch_the_rules_they_name() -> None:
+    """auto_wave is run 113's rule, auto_one_per_sm the rule before run 114; on 132 SMs both
+    leave batch 32's 136 copy blocks, and at batch 160 104 and 132 (the default takes 104)."""
+    from kernels.resolver_settings import launched_copy_blocks
+
+    floors = {n: v.copy_floor for n, v in VARIANTS.items() if v.copy_floor}
+    assert floors == {"auto_wave": "48", "auto_one_per_sm": "sms"}
+    wave, one = floored_copy_blocks("48"), floored_copy_blocks("sms")
+    assert [wave(c, 132) for c in (128, 160, 256)] == [136, 104, 48]
+    assert [one(c, 132) for c in (128, 160, 256)] == [136, 132, 132]
+    assert launched_copy_blocks(160, 132) == wave(160, 132)
