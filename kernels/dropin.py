@@ -73,6 +73,7 @@ def table_rows(states: Sequence) -> list[list[int]]:
             rank_cap=rank_words(s.max_rows),
             tail_lo=s.tail_lo,
             tail_hi=s.tail_hi,
+            map_hi=s.map_hi,
         )
         for s in states
     ]

@@ -57,8 +57,10 @@ template <> struct Vec<4> { using T = unsigned int; };
 #define SENTINEL (-9223372036854775807LL - 1)
 
 // request table columns (int64 [batch, TCOLS], built by kernels/resolver.py)
+// T_MAP_HI: logical pages at or past it hold no physical page (page_map -1, page_ready
+// false; RequestState.map_hi), so the lookup loads neither for rows at or past map_hi * p
 enum { T_HOT_ROWS, T_HOT_STAMP, T_HOT_PROTECT, T_HOT_LOCS, T_TAIL_LOCS, T_PAGE_MAP, T_PAGE_READY,
-       T_HOT_INDEX, T_HOT_RANK, T_RANK_CAP, T_TAIL_LO, T_TAIL_HI, TCOLS };
+       T_HOT_INDEX, T_HOT_RANK, T_RANK_CAP, T_TAIL_LO, T_TAIL_HI, T_MAP_HI, TCOLS };
 // hot_index [max_rows] (request.py): -1, or hot_locs[s] << HOT_SLOT_BITS | s for the slot s
 // holding the row; kept the inverse of hot_rows by the commit and the promotion
 #define HOT_SLOT_BITS 20

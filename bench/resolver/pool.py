@@ -149,6 +149,7 @@ class State:
                 rank_cap=rank_words(self.S),
                 tail_lo=self.tail_lo,
                 tail_hi=self.S,
+                map_hi=0,  # page_map is -1 throughout: no optional or history pages
             )
             for r in range(bs)
         ]

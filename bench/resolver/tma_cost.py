@@ -20,7 +20,9 @@ line by default since run 64); the lookup in two 512-thread blocks per SM
 (``DHISPARSE_LOOKUP_BLOCKS=2x512``, ``Variant.lookup_blocks``; auto's shape above the SM
 count since run 105, ``*_lookup1`` the one-block shape there); the commit launch's commit
 blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the order until
-run 105). Switches that measured
+run 105); the table's map_hi at every page (``auto_mapall``: every row divided and its page
+loads issued, as before map_hi); the rank form's cache read by bulk copies of the TMA
+(``-DRESOLVER_RANK_BULK``, ``auto_rankbulk``). Switches that measured
 nothing were removed with their variants: the lookup's sort, its miss path, the batch sums
 and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
@@ -65,6 +67,8 @@ class Variant(NamedTuple):
     lookup_blocks: str | None = None  # DHISPARSE_LOOKUP_BLOCKS: None = as the environment has it
     copy_floor: str | None = None  # the launched copy blocks: what the commit blocks leave of
     # one wave, at least COPY_FLOORS[copy_floor] (None: the wrapper's launched_copy_blocks)
+    map_all: bool = False  # the table's map_hi at every page (the lookup then divides and
+    # loads page_map / page_ready for every row, as before map_hi), not the State's 0
 
 
 VARIANTS = {
@@ -106,6 +110,8 @@ VARIANTS = {
                                        lookup_blocks="1"),
     "auto_wave": Variant(None, copy_floor="48"),
     "auto_one_per_sm": Variant(None, copy_floor="sms"),
+    "auto_mapall": Variant(None, map_all=True),
+    "auto_rankbulk": Variant(None, flags=("-DRESOLVER_RANK_BULK",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
@@ -269,6 +275,7 @@ def main() -> None:
     wrap = Launches(kres)
     blocks = os.environ.get("DHISPARSE_LOOKUP_BLOCKS")  # the lookup shape of the other variants
     launched = kres.launched_copy_blocks
+    map_at = kres.TABLE_COLUMNS.index("map_hi")
     try:
         for rnd in range(args.rounds):
             st = State(P, S, B, dev)  # a fresh row order per round: fresh windows
@@ -279,7 +286,7 @@ def main() -> None:
                 case, off = Case(st, host, pool, item, bs, 1, k, m, False), offs[prof]
                 run = [n for n in names if not m or VARIANTS[n].misses_ok]
 
-                def use(name: str, case=case) -> None:
+                def use(name: str, case=case, pages=st.page_map.shape[1]) -> None:
                     v = VARIANTS[name]
                     wrap.lookup_carveout = v.lookup_carveout
                     wrap.commit_carveout = v.commit_carveout
@@ -288,6 +295,7 @@ def main() -> None:
                     set_env("DHISPARSE_LOOKUP_BLOCKS", v.lookup_blocks or blocks)
                     kres.launched_copy_blocks = (floored_copy_blocks(v.copy_floor)
                                                  if v.copy_floor else launched)
+                    case.table[:, map_at] = pages if v.map_all else 0
 
                 # each variant: its check and warm-up calls, then its timed calls, each call
                 # on its own row window from the variant's first one

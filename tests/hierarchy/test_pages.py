@@ -185,6 +185,7 @@ def test_resident_policy_keeps_everything_on_device(device: str) -> None:
     commit_rows(h.group, "a", 13)  # rows 8-11 move into a history page
     s = h.group.request("a")
     assert s.tail_lo == 12 and s.page_ready.tolist()[:4] == [True, True, True, False]
+    assert s.map_hi == 3  # the history page made at commit raised the mapped bound
     h.open("a", 1)
     plan = h.resolve(["a"], [[[0, 9, 12, 13]]])
     assert plan.direct.tolist() == [True] and s.backings == []
@@ -363,3 +364,24 @@ def test_open_does_not_rewrite_a_dropped_row_unfinished_readers_resolved(device:
     h.group.readers_finished()
     h.open("a", 2)
     h.check()
+
+
+def test_map_hi_bounds_the_mapped_pages_and_a_low_one_breaks_i4(device: str) -> None:
+    """The CUDA lookup loads no page_map / page_ready entry at or past map_hi: every writer
+    of page_map raises it, retire leaves it, and the I4 check fails where it is too low."""
+    h = Harness(device, policy="adaptive")
+    s = h.admit("a", 40, 17)  # pages 0-3 on the device at admission
+    assert s.map_hi == 4
+    backup(h.group, "a")
+    retire(h.group, "a")
+    assert s.map_hi == 4 and not (s.page_map >= 0).any()  # retiring never lowers it
+    assert populate(h.group, "a", max_pages=2, publish=False) == 2
+    assert s.map_hi == 4
+    h.check()
+    s.map_hi = 1  # page 1 is mapped (reserved): a lookup past the bound would miss it
+    with pytest.raises(AssertionError, match="map_hi=1"):
+        h.check()
+    s.map_hi = 2
+    h.check()
+    fresh = Harness(device, policy="adaptive", num_pages=7, reserve_pages=1).admit("b", 40, 22)
+    assert fresh.map_hi == 3  # 3 of its 5 history pages fit on the device

@@ -165,10 +165,10 @@ def test_a_table_row_takes_every_column_by_name_in_the_kernels_order() -> None:
     t = {c: torch.zeros(2, dtype=torch.int64) for c in ("hot_rows", "hot_stamp", "hot_protect",
                                                         "hot_locs", "tail_locs", "page_map",
                                                         "page_ready", "hot_index", "hot_rank")}
-    state = SimpleNamespace(**t, max_rows=1000, tail_lo=7, tail_hi=9)
+    state = SimpleNamespace(**t, max_rows=1000, tail_lo=7, tail_hi=9, map_hi=5)
     (row,) = dropin.table_rows([state])
     at = {c: i for i, c in enumerate(kres.TABLE_COLUMNS)}
     for name, tensor in t.items():
         assert row[at[name]] == tensor.data_ptr(), name
-    assert (row[at["tail_lo"]], row[at["tail_hi"]]) == (7, 9)
+    assert (row[at["tail_lo"]], row[at["tail_hi"]], row[at["map_hi"]]) == (7, 9, 5)
     assert row[at["rank_cap"]] == rank_words(1000)

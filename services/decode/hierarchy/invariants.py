@@ -130,6 +130,9 @@ def assert_ordering(group: SourceGroup) -> None:
         assert state.tail_lo <= state.committed <= state.tail_hi <= state.max_rows
         ready, mapped = state.page_ready.cpu(), state.page_map.cpu() >= 0
         assert not bool((ready & ~mapped).any()), f"I4: {rid!r} ready page without memory"
+        assert not bool(mapped[state.map_hi :].any()), (
+            f"I4: {rid!r} maps a page at or past map_hi={state.map_hi} (the lookup skips them)"
+        )
         for page in state.page_map[state.page_map >= 0].tolist():
             assert page in group.pages.kind, f"I4: {rid!r} maps free page {page}"
         held = state.hot_rows.cpu()[state.hot_rows.cpu() >= 0]

@@ -185,6 +185,7 @@ def _place_history(
             backing.commit(on_device, boundary)
     state.page_map[: len(pages)] = page_t
     state.page_ready[: len(pages)] = True
+    state.map_hi = max(state.map_hi, len(pages))
 
 
 def open_rows(group: SourceGroup, request_id: str, count: int) -> torch.Tensor:
@@ -293,6 +294,7 @@ def commit_rows(group: SourceGroup, request_id: str, committed: int) -> int:
             payload[group.page_locations(page_t)] = payload[src]
         state.page_map[first:stop] = page_t
         state.page_ready[first:stop] = True
+        state.map_hi = max(state.map_hi, stop)
         state.tail_lo = stop * p
     added = committed - state.committed
     state.committed = state.tail_hi = committed
@@ -409,6 +411,7 @@ def populate(group: SourceGroup, request_id: str, max_pages: int, publish: bool 
     page_t = torch.tensor(group.pages.allocate(len(targets), "optional"), device=group.device)
     tgt = torch.tensor(targets, dtype=torch.int64, device=group.device)
     state.page_map[tgt] = page_t  # reserved: mapped but not ready
+    state.map_hi = max(state.map_hi, max(targets) + 1)
     rows = group.page_locations(tgt).cpu()  # logical page -> its source rows
     for payload, backing in zip(group.payloads, state.backings, strict=True):
         if not bool(backing.backed_mask()[rows].all()):

@@ -23,6 +23,9 @@ All tensors live on the group's device (the kernels read them); ``B = hot_slots`
     tail_locs    int64 [T]  pool row of each tail ring slot; row s lives at tail_locs[s % T]
     page_map     int64 [P]  physical page holding logical page g (rows g*p .. g*p+p-1), -1
     page_ready   bool  [P]  True once the page's copy completed (only ready pages resolve)
+    map_hi       int        pages at or past it hold no physical page (page_map -1, so not
+                            ready either): a host-side bound that only grows, raised by every
+                            writer of page_map; the CUDA lookup loads neither tensor past it
 
 Row ranges (``n = committed``)::
 
@@ -66,6 +69,7 @@ class RequestState:
     last_read_epoch: int = 0
     read_tail_lo: int = 0  # the tail [read_tail_lo, read_tail_hi) unfinished readers may
     read_tail_hi: int = 0  # hold slots of (SourceGroup.note_read, open_rows)
+    map_hi: int = 0  # no page at or past it is mapped (see the module's docstring)
 
     @property
     def tail_span(self) -> int:
