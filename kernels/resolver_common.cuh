@@ -194,12 +194,15 @@ __device__ __forceinline__ void bitmap_fill(unsigned* dst, const unsigned* src, 
     for (int i = threadIdx.x; i < (Wp >> 2); i += NT) d4[i] = src ? s4[i] : make_uint4(0u, 0u, 0u, 0u);
 }
 
-__device__ __forceinline__ unsigned rank_of(const unsigned* bm, const u16* pre, i64 row) {
+// row: i64, or int where the caller's rows fit (the lookup's RESOLVER_PASS1_32 build)
+template <typename Row>
+__device__ __forceinline__ unsigned rank_of(const unsigned* bm, const u16* pre, Row row) {
     const int w = (int)(row >> 5), bit = (int)(row & 31);
     return pre[w] + __popc(bm[w] & ((1u << bit) - 1u));
 }
 
-__device__ __forceinline__ bool test_bit(const unsigned* bm, i64 row) {
+template <typename Row>
+__device__ __forceinline__ bool test_bit(const unsigned* bm, Row row) {
     return (bm[row >> 5] >> (row & 31)) & 1u;
 }
 
@@ -328,6 +331,9 @@ __device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ tot
 
 // Compile-time count for the unrolled entry loops (chosen at run time from K * k).
 template <int N> struct Groups { static constexpr int value = N; };
+template <bool V> struct Flag { static constexpr bool value = V; };
+template <bool C, typename A, typename B> struct Pick { using T = A; };
+template <typename A, typename B> struct Pick<false, A, B> { using T = B; };
 
 #define U 4  // loads in flight per thread (commit and copy loops; lookup passes take UL)
 

@@ -109,10 +109,18 @@ __device__ __forceinline__ void lookup_body(
     const i64 map_rows = map_hi * p;
     const i64 vis1 = SAME ? (Kq == 1 ? visible[(i64)b * K] : 0) : K == 1 ? visible[b] : 0;
     unsigned n_tail = 0, n_opt = 0, n_hot = 0, n_host = 0, status = 0;
-    auto pass1 = [&](auto groups) {
+    // Row: the row arithmetic past the entry checks -- int where every row of the request
+    // fits (small, the diagnostic build RESOLVER_PASS1_32), else i64. The bounds it compares
+    // with are clamped to tail_hi: no valid row reaches it.
+    auto pass1 = [&](auto groups, auto narrow) {
         constexpr int G = decltype(groups)::value;
+        using Row = typename Pick<decltype(narrow)::value, int, i64>::T;
+        const Row t_lo = (Row)tail_lo, t_hi = (Row)tail_hi;
+        const Row m_rows = (Row)(map_rows < tail_hi ? map_rows : tail_hi);
+        const Row n_bits = (Row)(nbits < tail_hi ? nbits : tail_hi);
         for (int e0 = threadIdx.x; e0 < Ke; e0 += NT * G) {
-            i64 r[G], vis[G], loc[G], pg[G], pm[G], hi[G];
+            i64 r[G], vis[G], loc[G], pm[G], hi[G];
+            Row rw[G], pg[G];
             bool tail[G], page[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
@@ -129,38 +137,40 @@ __device__ __forceinline__ void lookup_body(
                     if (r[q] >= vis[q]) bad |= ST_SEL_GE_VISIBLE;
                 }
                 status |= bad;
-                if (bad || r[q] < 0) r[q] = -1;  // a flagged entry reads no table (may be out of range)
-                tail[q] = r[q] >= tail_lo && r[q] < tail_hi;
-                const bool mapped = r[q] >= 0 && r[q] < map_rows;
-                i64 tl = 0;
+                // a flagged entry reads no table (may be out of range); a valid row is below
+                // its bound, hence below tail_hi, so it fits Row
+                rw[q] = bad || r[q] < 0 ? (Row)-1 : (Row)r[q];
+                tail[q] = rw[q] >= t_lo && rw[q] < t_hi;
+                const bool mapped = rw[q] >= 0 && rw[q] < m_rows;
+                Row tl = 0;
                 if (small) {
-                    pg[q] = mapped ? (unsigned)r[q] / (unsigned)p : 0;
-                    tl = tail[q] ? (unsigned)r[q] % (unsigned)T : 0;
+                    pg[q] = mapped ? (Row)((unsigned)rw[q] / (unsigned)p) : 0;
+                    tl = tail[q] ? (Row)((unsigned)rw[q] % (unsigned)T) : 0;
                 } else {
-                    pg[q] = mapped ? r[q] / p : 0;
-                    tl = tail[q] ? r[q] % T : 0;
+                    pg[q] = mapped ? (Row)(rw[q] / p) : 0;
+                    tl = tail[q] ? (Row)(rw[q] % T) : 0;
                 }
                 // page_map and hot_index beside page_ready (all indexed by the row), not
                 // after it: no dependent round trip; each is unused where it does not apply
-                const bool rest = r[q] >= 0 && !tail[q];
+                const bool rest = rw[q] >= 0 && !tail[q];
                 page[q] = rest && mapped && page_ready[pg[q]];
                 pm[q] = rest && mapped ? page_map[pg[q]] : 0;
                 if (RANK)
-                    hi[q] = rest && rank && r[q] < nbits ? rank_entry(held_bm, held_pre, keys, r[q]) : -1;
+                    hi[q] = rest && rank && rw[q] < n_bits ? rank_entry(held_bm, held_pre, keys, rw[q]) : -1;
                 else
-                    hi[q] = rest && B > 0 && r[q] < nbits ? hot_index[r[q]] : -1;
+                    hi[q] = rest && B > 0 && rw[q] < n_bits ? hot_index[rw[q]] : -1;
                 loc[q] = tail[q] ? tail_locs[tl] : -1;
             }
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;
                 if (page[q]) {
-                    loc[q] = pm[q] * p + (r[q] - pg[q] * p);
+                    loc[q] = pm[q] * p + (rw[q] - pg[q] * p);
                     ++n_opt;
                 } else if (tail[q]) {
                     ++n_tail;
-                } else if (r[q] >= 0) {
-                    if (r[q] >= nbits) {
+                } else if (rw[q] >= 0) {
+                    if (rw[q] >= n_bits) {
                         status |= ST_ROW_RANGE;
                     } else if (hi[q] >= 0) {
                         const unsigned s = (unsigned)(hi[q] & HOT_SLOT_MASK);
@@ -169,7 +179,7 @@ __device__ __forceinline__ void lookup_body(
                         ++n_hot;
                     } else {
                         loc[q] = SENTINEL;
-                        atomicOr(&miss_bm[r[q] >> 5], 1u << (r[q] & 31));
+                        atomicOr(&miss_bm[rw[q] >> 5], 1u << (rw[q] & 31));
                         ++n_host;
                     }
                 }
@@ -177,9 +187,18 @@ __device__ __forceinline__ void lookup_body(
             }
         }
     };
-    if (Ke <= NT) pass1(Groups<1>{});
-    else if (Ke <= 2 * NT || UL < 4) pass1(Groups<2>{});
-    else pass1(Groups<4>{});
+    auto pass1_rows = [&](auto groups) {
+#ifdef RESOLVER_PASS1_32
+        if (small) {
+            pass1(groups, Flag<true>{});
+            return;
+        }
+#endif
+        pass1(groups, Flag<false>{});
+    };
+    if (Ke <= NT) pass1_rows(Groups<1>{});
+    else if (Ke <= 2 * NT || UL < 4) pass1_rows(Groups<2>{});
+    else pass1_rows(Groups<4>{});
     const unsigned rep = Kq < K ? (unsigned)K : 1u;
     block_add(&cnt[0], n_tail * rep);
     block_add(&cnt[1], n_opt * rep);

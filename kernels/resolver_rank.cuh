@@ -144,8 +144,9 @@ __device__ void rank_cache(const i64* row, i64* rk, int B, int W, int Wp, i64 ca
 }
 
 // The held row's hot_index entry, or -1 (row < 32 W).
+template <typename Row>
 __device__ __forceinline__ i64 rank_entry(const unsigned* held_bm, const u16* held_pre,
-                                          const unsigned long long* ent, i64 r) {
+                                          const unsigned long long* ent, Row r) {
     return test_bit(held_bm, r) ? (i64)ent[rank_of(held_bm, held_pre, r)] : -1;
 }
 
