@@ -194,7 +194,7 @@ __device__ __forceinline__ void bitmap_fill(unsigned* dst, const unsigned* src, 
     for (int i = threadIdx.x; i < (Wp >> 2); i += NT) d4[i] = src ? s4[i] : make_uint4(0u, 0u, 0u, 0u);
 }
 
-// row: i64, or int where the caller's rows fit (the lookup's RESOLVER_PASS1_32 build)
+// row: i64, or int where the caller's rows fit (the lookup's pass 1)
 template <typename Row>
 __device__ __forceinline__ unsigned rank_of(const unsigned* bm, const u16* pre, Row row) {
     const int w = (int)(row >> 5), bit = (int)(row & 31);

@@ -110,8 +110,8 @@ __device__ __forceinline__ void lookup_body(
     const i64 vis1 = SAME ? (Kq == 1 ? visible[(i64)b * K] : 0) : K == 1 ? visible[b] : 0;
     unsigned n_tail = 0, n_opt = 0, n_hot = 0, n_host = 0, status = 0;
     // Row: the row arithmetic past the entry checks -- int where every row of the request
-    // fits (small, the diagnostic build RESOLVER_PASS1_32), else i64. The bounds it compares
-    // with are clamped to tail_hi: no valid row reaches it.
+    // fits (small), else i64. The bounds it compares with are clamped to tail_hi: no valid
+    // row reaches it. In 32 bits batch 160 without misses took 0.1-0.3 us less (H200, run 121).
     auto pass1 = [&](auto groups, auto narrow) {
         constexpr int G = decltype(groups)::value;
         using Row = typename Pick<decltype(narrow)::value, int, i64>::T;
@@ -188,13 +188,8 @@ __device__ __forceinline__ void lookup_body(
         }
     };
     auto pass1_rows = [&](auto groups) {
-#ifdef RESOLVER_PASS1_32
-        if (small) {
-            pass1(groups, Flag<true>{});
-            return;
-        }
-#endif
-        pass1(groups, Flag<false>{});
+        if (small) pass1(groups, Flag<true>{});
+        else pass1(groups, Flag<false>{});
     };
     if (Ke <= NT) pass1_rows(Groups<1>{});
     else if (Ke <= 2 * NT || UL < 4) pass1_rows(Groups<2>{});

@@ -22,8 +22,8 @@ count since run 105, ``*_lookup1`` the one-block shape there); the commit launch
 blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the order until
 run 105); the table's map_hi at every page (``auto_mapall``: every row divided and its page
 loads issued, as before map_hi); the rank form's cache read by bulk copies of the TMA
-(``-DRESOLVER_RANK_BULK``, ``auto_rankbulk``); pass 1's row arithmetic in 32 bits where
-the request's rows fit (``-DRESOLVER_PASS1_32``, ``auto_pass32``). Switches that measured
+(``-DRESOLVER_RANK_BULK``, ``auto_rankbulk``); the default path without the copy blocks'
+preload (``auto_early0``). Switches that measured
 nothing were removed with their variants: the lookup's sort, its miss path, the batch sums
 and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
@@ -113,7 +113,7 @@ VARIANTS = {
     "auto_one_per_sm": Variant(None, copy_floor="sms"),
     "auto_mapall": Variant(None, map_all=True),
     "auto_rankbulk": Variant(None, flags=("-DRESOLVER_RANK_BULK",)),
-    "auto_pass32": Variant(None, flags=("-DRESOLVER_PASS1_32",)),
+    "auto_early0": Variant(None, early=False),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
