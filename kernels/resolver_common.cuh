@@ -125,6 +125,10 @@ template <typename T> __device__ __forceinline__ T* ptr(const i64* row, int col)
     return reinterpret_cast<T*>(row[col]);
 }
 
+__device__ __forceinline__ void prefetch_l2(const void* at) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+}
+
 // Release store / acquire load of one 64-bit word at GPU scope (a flag between blocks of
 // different grids that run at the same time).
 __device__ __forceinline__ void st_release(i64* at, i64 v) {

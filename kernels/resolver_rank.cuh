@@ -12,10 +12,6 @@
 #include "resolver_common.cuh"
 #include "resolver_tma.cuh"
 
-__device__ __forceinline__ void prefetch_l2(const void* at) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
-}
-
 // Fills held_bm [Wp] (rows [0, 32 W)), held_pre [Wp] and ent [B] (entries by rank) for the
 // request of `row`; rk: its hot_rank cache, cap = the cache's bitmap words (table columns
 // T_HOT_RANK and T_RANK_CAP, loaded by the caller with the row's other columns). Every

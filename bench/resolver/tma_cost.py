@@ -23,7 +23,8 @@ blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the or
 run 105); the table's map_hi at every page (``auto_mapall``: every row divided and its page
 loads issued, as before map_hi); the rank form's cache read by bulk copies of the TMA
 (``-DRESOLVER_RANK_BULK``, ``auto_rankbulk``); the default path without the copy blocks'
-preload (``auto_early0``). Switches that measured
+preload (``auto_early0``); a commit block's first lines asked of L2 before its wait
+(``-DRESOLVER_COMMIT_TOUCH``, ``auto_touch``). Switches that measured
 nothing were removed with their variants: the lookup's sort, its miss path, the batch sums
 and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
@@ -114,6 +115,7 @@ VARIANTS = {
     "auto_mapall": Variant(None, map_all=True),
     "auto_rankbulk": Variant(None, flags=("-DRESOLVER_RANK_BULK",)),
     "auto_early0": Variant(None, early=False),
+    "auto_touch": Variant(None, flags=("-DRESOLVER_COMMIT_TOUCH",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
