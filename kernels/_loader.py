@@ -22,8 +22,8 @@ from services.common.errors import InvalidArgument
 HERE = Path(__file__).resolve().parent
 OPTIONS = ("-std=c++17",)
 # modules kept in several files, compiled as one source in this order
-SOURCES = {"resolver": ("resolver_common.cuh", "resolver_sort.cuh", "resolver_tma.cuh",
-                         "resolver_rank.cuh", "resolver_copy.cuh", "resolver_victims.cuh",
+SOURCES = {"resolver": ("resolver_common.cuh", "resolver_sort.cuh", "resolver_rank.cuh",
+                         "resolver_tma.cuh", "resolver_copy.cuh", "resolver_victims.cuh",
                          "resolver_lookup.cu", "resolver_commit.cu", "resolver_promote.cu")}
 _LOCAL_INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
 

@@ -103,16 +103,6 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
                               (int)gridDim.x - n_commit, bi - n_commit, call, totals + R_PRELOADS,
                               c_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
-#ifdef RESOLVER_COMMIT_TOUCH
-    // diagnostic build: a commit block's first lines after the wait asked of L2 before it
-    // (their address translations made while the lookup runs; no value is read)
-    if (threadIdx.x == 0 && bi < batch * parts) {
-        prefetch_l2(summary + (i64)(bi % batch) * SCOLS);
-        prefetch_l2(hit_mask + (i64)(bi % batch) * B);
-        prefetch_l2(totals + R_PEND + 2 * parity);
-        prefetch_l2(table + (i64)(bi % batch) * TCOLS);
-    }
-#endif
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900

@@ -107,6 +107,15 @@ __device__ int g_trace_block;
         }                                                                         \
     } while (0)
 #define TRACE(slot) TRACE_AT(slot, (int)blockIdx.x)
+// the stamp waits for `value` (a load's result): when it arrived
+#define TRACE_DEP(slot, value)                                                    \
+    do {                                                                          \
+        if (threadIdx.x == 0 && (int)blockIdx.x == g_trace_block) {               \
+            unsigned long long t_;                                                \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_) : "l"((unsigned long long)(value))); \
+            g_trace[slot] = t_;                                                   \
+        }                                                                         \
+    } while (0)
 #define TRACE_ANY(slot)                                                           \
     do {                                                                          \
         if (threadIdx.x == 0) {                                                   \
@@ -118,6 +127,7 @@ __device__ int g_trace_block;
 #else
 #define TRACE_AT(slot, index) do {} while (0)
 #define TRACE(slot) do {} while (0)
+#define TRACE_DEP(slot, value) do {} while (0)
 #define TRACE_ANY(slot) do {} while (0)
 #endif
 

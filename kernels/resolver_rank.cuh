@@ -10,7 +10,6 @@
 // cache is valid (built at the current RANK_VERSION, which every writer of hot_rows bumps),
 // else built from hot_rows / hot_locs (coalesced) and written back for the calls after.
 #include "resolver_common.cuh"
-#include "resolver_tma.cuh"
 
 // Fills held_bm [Wp] (rows [0, 32 W)), held_pre [Wp] and ent [B] (entries by rank) for the
 // request of `row`; rk: its hot_rank cache, cap = the cache's bitmap words (table columns
@@ -25,36 +24,6 @@ __device__ void rank_cache(const i64* row, i64* rk, int B, int W, int Wp, i64 ca
     // header, entries and bitmap loaded together (the entries and bitmap are used only if
     // the header says the cache is valid): one round trip on the common path
     const i64 version = rk[RANK_VERSION], built = rk[RANK_BUILT], covered = rk[RANK_WORDS];
-#ifdef RESOLVER_RANK_BULK
-    // diagnostic build: entries and bitmap by bulk copies of the TMA (lanes of warp 0, in
-    // RANK_CHUNK-byte pieces, counted on one barrier) where every address is 16-byte aligned
-    __shared__ __align__(8) unsigned long long rbar;
-    constexpr unsigned RANK_CHUNK = 4096;
-    const unsigned e_bytes = (unsigned)((B + 1) >> 1) * 16u, b_bytes = (unsigned)(Wl >> 2) * 16u;
-    const bool bulk = __CUDA_ARCH__ >= 900 && ((reinterpret_cast<unsigned long long>(cent) | reinterpret_cast<unsigned long long>(cbits) |
-                        (unsigned long long)smem_u32(ent)) & 15ull) == 0;  // block-uniform
-    if (bulk) {
-        if (threadIdx.x < 32) {
-            if (threadIdx.x == 0) {
-                mbar_init(&rbar);
-                mbar_init_fence();
-                mbar_expect(&rbar, e_bytes + b_bytes);
-            }
-            __syncwarp();
-            const unsigned ne = (e_bytes + RANK_CHUNK - 1) / RANK_CHUNK, nb = (b_bytes + RANK_CHUNK - 1) / RANK_CHUNK;
-            for (unsigned c = threadIdx.x; c < ne + nb; c += 32) {
-                const bool entry = c < ne;
-                const unsigned off = (entry ? c : c - ne) * RANK_CHUNK, total = entry ? e_bytes : b_bytes;
-                bulk_copy(reinterpret_cast<char*>(entry ? (void*)ent : (void*)held_bm) + off,
-                          reinterpret_cast<const char*>(entry ? (const void*)cent : (const void*)cbits) + off,
-                          min(RANK_CHUNK, total - off), &rbar);
-            }
-        }
-        for (int w = Wl + threadIdx.x; w < Wp; w += NT) held_bm[w] = 0u;  // past the cache's words
-        __syncthreads();  // the barrier initialised before any thread waits on it
-        mbar_wait(&rbar, 0);
-    } else
-#endif
     {
         // entries in pairs and bitmap words in fours, 16 bytes a load, in one index space
         // with every load of a round issued before the first store (one round at NT = 1024
@@ -90,9 +59,11 @@ __device__ void rank_cache(const i64* row, i64* rk, int B, int W, int Wp, i64 ca
             }
         }
     }
+    TRACE(14);  // thread 0's loads of the cache arrived
     const int Wc = (int)min((i64)W, cap);
     if (built == version && covered >= Wc) {  // block-uniform
         __syncthreads();
+        TRACE(15);  // every thread's
         bitmap_prefix(held_bm, held_pre, Wp, tmp);  // syncs
         return;
     }

@@ -33,20 +33,12 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
             "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
             : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
 }
-// the barrier's one arrival, expecting `bytes` of bulk copies before its phase completes
-__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-                 : "memory");
-}
-// bytes from global `from` into shared `to`, counted on the barrier (see mbar_expect)
-__device__ __forceinline__ void bulk_copy(void* to, const void* from, unsigned bytes, unsigned long long* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(smem_u32(to)), "l"(from), "r"(bytes), "r"(smem_u32(bar)) : "memory");
-}
 // bytes from global (host) `from` into shared `to`; the barrier's phase completes on arrival
 __device__ __forceinline__ void bulk_load(void* to, const void* from, unsigned bytes, unsigned long long* bar) {
-    mbar_expect(bar, bytes);
-    bulk_copy(to, from, bytes, bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_u32(to)), "l"(from), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
 __device__ __forceinline__ void bulk_store(void* to, const void* from, unsigned bytes) {
     asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(to), "r"(smem_u32(from)),
@@ -61,8 +53,6 @@ __device__ __forceinline__ void bulk_stores_done() { asm volatile("cp.async.bulk
 __device__ __forceinline__ void mbar_init(unsigned long long*) {}
 __device__ __forceinline__ void mbar_init_fence() {}
 __device__ __forceinline__ void mbar_wait(unsigned long long*, unsigned) {}
-__device__ __forceinline__ void mbar_expect(unsigned long long*, unsigned) {}
-__device__ __forceinline__ void bulk_copy(void*, const void*, unsigned, unsigned long long*) {}
 __device__ __forceinline__ void bulk_load(void*, const void*, unsigned, unsigned long long*) {}
 __device__ __forceinline__ void bulk_store(void*, const void*, unsigned) {}
 __device__ __forceinline__ void bulk_stores_read() {}

@@ -21,17 +21,17 @@ line by default since run 64); the lookup in two 512-thread blocks per SM
 count since run 105, ``*_lookup1`` the one-block shape there); the commit launch's commit
 blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the order until
 run 105); the table's map_hi at every page (``auto_mapall``: every row divided and its page
-loads issued, as before map_hi); the rank form's cache read by bulk copies of the TMA
-(``-DRESOLVER_RANK_BULK``, ``auto_rankbulk``); the default path without the copy blocks'
-preload (``auto_early0``); a commit block's first lines asked of L2 before its wait
-(``-DRESOLVER_COMMIT_TOUCH``, ``auto_touch``). Switches that measured
+loads issued, as before map_hi); the default path without the copy blocks' preload
+(``auto_early0``). Switches that measured
 nothing were removed with their variants: the lookup's sort, its miss path, the batch sums
 and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
 slot order (runs 76 and 79); so were those whose question was answered: the rank form's
 cache read in three dependent round trips (``*_rank2trips``, run 86: the one-round-trip
 read is the default since) and more blocks for sparse misses (``*_sparse<n>``, the
-COPY_BLOCKS_SPARSE build, run 94: the few-miss rule since, ``*_few_off`` / ``*_few<n>``).
+COPY_BLOCKS_SPARSE build, run 94: the few-miss rule since, ``*_few_off`` / ``*_few<n>``), the
+rank form's cache by bulk copies of the TMA and a commit block's first lines asked of L2
+before its wait (RESOLVER_RANK_BULK, RESOLVER_COMMIT_TOUCH: runs 120 and 123).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -113,9 +113,7 @@ VARIANTS = {
     "auto_wave": Variant(None, copy_floor="48"),
     "auto_one_per_sm": Variant(None, copy_floor="sms"),
     "auto_mapall": Variant(None, map_all=True),
-    "auto_rankbulk": Variant(None, flags=("-DRESOLVER_RANK_BULK",)),
     "auto_early0": Variant(None, early=False),
-    "auto_touch": Variant(None, flags=("-DRESOLVER_COMMIT_TOUCH",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
