@@ -22,7 +22,8 @@ count since run 105, ``*_lookup1`` the one-block shape there); the commit launch
 blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the order until
 run 105); the table's map_hi at every page (``auto_mapall``: every row divided and its page
 loads issued, as before map_hi); the default path without the copy blocks' preload
-(``auto_early0``). Switches that measured
+(``auto_early0``); the rank form's prefix scanned from the bitmap as before run 125, not
+read from the cache (``-DRESOLVER_PREFIX_SCAN``, ``auto_prefixscan``). Switches that measured
 nothing were removed with their variants: the lookup's sort, its miss path, the batch sums
 and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
@@ -114,6 +115,7 @@ VARIANTS = {
     "auto_one_per_sm": Variant(None, copy_floor="sms"),
     "auto_mapall": Variant(None, map_all=True),
     "auto_early0": Variant(None, early=False),
+    "auto_prefixscan": Variant(None, flags=("-DRESOLVER_PREFIX_SCAN",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)

@@ -18,6 +18,7 @@ from services.decode.hierarchy.request import (
     new_request_state,
     rank_cache_contents,
     rank_layout,
+    rank_words,
     reindex_hot,
     set_hot_rows,
     set_hot_rows_where,
@@ -89,10 +90,11 @@ def test_every_writer_of_hot_rows_makes_the_rank_cache_stale() -> None:
 
 def _built(s, words: int):
     """s with its rank cache built as the lookup builds it (the torch reference)."""
-    ent_at, bits_at, _ = rank_layout(s.max_rows, s.hot_rows.numel())
-    entries, bits = rank_cache_contents(s, words)
+    ent_at, bits_at, pre_at, _ = rank_layout(s.max_rows, s.hot_rows.numel())
+    entries, bits, prefix = rank_cache_contents(s, words)
     s.hot_rank[ent_at : ent_at + entries.numel()] = entries
     s.hot_rank[bits_at:].view(torch.int32)[:words] = bits.to(torch.int32)
+    s.hot_rank[pre_at:].view(torch.int16)[:words] = prefix.to(torch.int16)
     s.hot_rank[RANK_WORDS] = words
     s.hot_rank[RANK_BUILT] = s.hot_rank[RANK_VERSION]
     return s
@@ -100,9 +102,10 @@ def _built(s, words: int):
 
 def test_rank_cache_holds_the_held_rows_entries_in_row_order() -> None:
     s = _built(_state([33, -1, 3, 31, -1, 7]), 2)
-    entries, bits = rank_cache_contents(s, 2)
+    entries, bits, prefix = rank_cache_contents(s, 2)
     assert entries.tolist() == [int(s.hot_index[r]) for r in (3, 7, 31, 33)]
     assert bits.tolist() == [(1 << 3) | (1 << 7) | (1 << 31), 1 << 1]
+    assert prefix.tolist() == [0, 3]  # row 33 (word 1) has rank 3
     assert rank_cache_contents(s, 1)[0].tolist() == entries[:3].tolist()  # rows < 32 only
     assert_hot_rank(s)
 
@@ -114,8 +117,24 @@ def test_a_wrong_valid_rank_cache_is_caught_and_a_stale_one_is_not_checked() -> 
     with pytest.raises(AssertionError, match="I4: hot_rank entries of 'a'"):
         assert_hot_rank(s)
     s = _built(_state([33, -1, 3, 31, -1, 7]), 2)
+    pre_at = rank_layout(s.max_rows, SLOTS)[2]
+    s.hot_rank[pre_at:].view(torch.int16)[1] = 2  # word 1's prefix: one held row too few
+    with pytest.raises(AssertionError, match=r"I4: hot_rank prefix of 'a' wrong at words \[1\]"):
+        assert_hot_rank(s)
+    s = _built(_state([33, -1, 3, 31, -1, 7]), 2)
     s.hot_rows[1] = 12  # written without the writers' bump: the bitmap now misses row 12
     with pytest.raises(AssertionError, match=r"I4: hot_rank bitmap of 'a' wrong at words \[0\]"):
         assert_hot_rank(s)
     reindex_hot(s)  # a writer: the cache goes stale and is rebuilt before it is read again
     assert_hot_rank(s)
+
+
+@pytest.mark.parametrize("max_rows", [1, 129, 300, 1000, 100_000])
+@pytest.mark.parametrize("slots", [1, 5, 4096])
+def test_rank_layout_keeps_each_part_16_byte_aligned(max_rows: int, slots: int) -> None:
+    """The lookup reads the entries and bitmap in 16-byte loads and the prefix in 8-byte
+    ones, and the benchmark stacks caches in one [batch, length] tensor."""
+    ent_at, bits_at, pre_at, length = rank_layout(max_rows, slots)
+    assert all(x % 2 == 0 for x in (ent_at, bits_at, pre_at, length))
+    assert bits_at - ent_at >= slots and (pre_at - bits_at) * 2 == rank_words(max_rows)
+    assert (length - pre_at) * 4 >= rank_words(max_rows)  # a u16 per bitmap word

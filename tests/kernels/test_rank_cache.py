@@ -22,16 +22,22 @@ def _valid(h, rids) -> list[bool]:
             == int(h.group.request(r).hot_rank[RANK_VERSION]) for r in rids]
 
 
-def _corrupt(h, rid: str) -> None:
-    """Every cached entry of ``rid`` points one pool row further (the header untouched)."""
+def _corrupt(h, rid: str, part: str) -> None:
+    """Every cached entry of ``rid`` points one pool row further, or the cached prefix of
+    every word past the first counts one held row more (a held row there takes the next
+    one's entry: the selections hit rows past 32); the header untouched."""
     s = h.group.request(rid)
-    at = rank_layout(s.max_rows, s.hot_rows.numel())[0]
-    s.hot_rank[at : at + HOT] += 1 << 20
+    ent_at, _, pre_at, _ = rank_layout(s.max_rows, s.hot_rows.numel())
+    if part == "entries":
+        s.hot_rank[ent_at : ent_at + HOT] += 1 << 20
+    else:
+        s.hot_rank[pre_at:].view(torch.int16)[1:] += 1
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", ["1", "2x512"])  # DHISPARSE_LOOKUP_BLOCKS
-def test_rank_form_uses_a_valid_cache_and_rebuilds_a_stale_one(shape, monkeypatch) -> None:
+@pytest.mark.parametrize("part", ["entries", "prefix"])
+def test_rank_form_uses_a_valid_cache_and_rebuilds_a_stale_one(shape, part, monkeypatch) -> None:
     monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", shape)
     monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", "rank")
     seed = random.randrange(1 << 30)  # printed on failure
@@ -43,12 +49,12 @@ def test_rank_form_uses_a_valid_cache_and_rebuilds_a_stale_one(shape, monkeypatc
         for _ in range(2):  # rebuilt by the first all-hit lookup, read by the second
             check_round(h_ref, h_k, rids, selections(h_ref, rids, K, k, 1.0, gen))
             assert all(_valid(h_k, rids)), seed  # no slot taken: no writer bumped
-        _corrupt(h_k, rids[0])
+        _corrupt(h_k, rids[0], part)
         sel = selections(h_ref, rids, K, k, 1.0, gen)
         if bump:  # stale: rebuilt from hot_rows, the corruption gone
             h_k.group.request(rids[0]).hot_rank[RANK_VERSION] += 1
             check_round(h_ref, h_k, rids, sel)
             assert all(_valid(h_k, rids)), seed
-        else:  # valid: read as it is, so the hits of rids[0] land one pool row off
+        else:  # valid: read as it is, so hits of rids[0] land on other pool rows
             with pytest.raises(AssertionError, match="locations"):
                 check_round(h_ref, h_k, rids, sel)

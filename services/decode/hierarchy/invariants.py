@@ -169,16 +169,19 @@ def assert_hot_rank(state) -> None:
     if not cache.numel():
         return
     rid, cap = state.request_id, rank_words(state.max_rows)
-    ent_at, bits_at, length = rank_layout(state.max_rows, state.hot_rows.numel())
+    ent_at, bits_at, pre_at, length = rank_layout(state.max_rows, state.hot_rows.numel())
     assert cache.numel() == length, f"I4: hot_rank of {rid!r} holds {cache.numel()} values"
     if int(cache[RANK_BUILT]) != int(cache[RANK_VERSION]):
         return
     words = int(cache[RANK_WORDS])
     assert 0 < words <= cap, f"I4: hot_rank of {rid!r} covers {words} of {cap} words"
-    entries, bits = (t.cpu() for t in rank_cache_contents(state, words))
+    entries, bits, prefix = (t.cpu() for t in rank_cache_contents(state, words))
     got = cache[bits_at:].view(torch.int32)[:words].to(torch.int64) & 0xFFFFFFFF
     bad = torch.nonzero(got != bits).flatten()
     assert bad.numel() == 0, f"I4: hot_rank bitmap of {rid!r} wrong at words {bad[:8].tolist()}"
+    got = cache[pre_at:].view(torch.int16)[:words].to(torch.int64) & 0xFFFF
+    bad = torch.nonzero(got != prefix).flatten()
+    assert bad.numel() == 0, f"I4: hot_rank prefix of {rid!r} wrong at words {bad[:8].tolist()}"
     assert torch.equal(cache[ent_at : ent_at + entries.numel()], entries), (
         f"I4: hot_rank entries of {rid!r} are not the held rows' in row order"
     )

@@ -12,14 +12,16 @@ All tensors live on the group's device (the kernels read them); ``B = hot_slots`
                             slot s holding the row, -1 for a row no slot holds (derived
                             state, kept by every writer of hot_rows; the CUDA lookup
                             finds a hit with one load instead of scanning the B slots)
-    hot_rank     int64 [RANK_HEAD + B (rounded up to even) + 2 ceil(max_rows / 128)]  the
+    hot_rank     int64 [RANK_HEAD + B + 3 ceil(max_rows / 128), each part rounded up to even]  the
                             CUDA lookup's cache of the held rows (derived state, never read by
                             the reference): a header (RANK_VERSION: bumped by every writer of
                             hot_rows; RANK_BUILT: the version the cache was built at;
                             RANK_WORDS: the bitmap words it covers), the held rows' hot_index
                             entries in ascending row order, then a bitmap of the held rows (u32
-                            words; a row's rank among the held rows finds its entry). Valid
-                            while RANK_BUILT == RANK_VERSION (kernels/resolver_rank.cuh).
+                            words) and its exclusive prefix of set bits (a u16 per word: a
+                            row's rank among the held rows, its word's prefix plus the set bits
+                            below it, finds its entry). Valid while RANK_BUILT == RANK_VERSION
+                            (kernels/resolver_rank.cuh).
     tail_locs    int64 [T]  pool row of each tail ring slot; row s lives at tail_locs[s % T]
     page_map     int64 [P]  physical page holding logical page g (rows g*p .. g*p+p-1), -1
     page_ready   bool  [P]  True once the page's copy completed (only ready pages resolve)
@@ -131,11 +133,14 @@ def rank_words(max_rows: int) -> int:
     return -(-max_rows // 128) * 4
 
 
-def rank_layout(max_rows: int, hot_slots: int) -> tuple[int, int, int]:
-    """hot_rank's (entries offset, bitmap offset, length) in int64 values: the entries
-    rounded up to an even count keep the bitmap 16-byte aligned."""
+def rank_layout(max_rows: int, hot_slots: int) -> tuple[int, int, int, int]:
+    """hot_rank's (entries offset, bitmap offset, prefix offset, length) in int64 values: the
+    entries rounded up to an even count keep the bitmap 16-byte aligned, the bitmap's whole
+    16-byte groups the prefix (a u16 per bitmap word), and the prefix rounded up to 16 bytes
+    the next cache of a ``[batch, length]`` tensor (the benchmark's)."""
     bits = RANK_HEAD + hot_slots + (hot_slots & 1)
-    return RANK_HEAD, bits, bits + rank_words(max_rows) // 2
+    prefix = bits + rank_words(max_rows) // 2
+    return RANK_HEAD, bits, prefix, prefix + -(-rank_words(max_rows) // 8) * 2
 
 
 def new_rank_cache(max_rows: int, hot_slots: int, device: torch.device, batch: int = 0
@@ -144,16 +149,19 @@ def new_rank_cache(max_rows: int, hot_slots: int, device: torch.device, batch: i
     ``[batch, length]`` (the benchmark's states)."""
     if not hot_slots:
         return torch.zeros(0, dtype=torch.int64, device=device)
-    length = rank_layout(max_rows, hot_slots)[2]
+    length = rank_layout(max_rows, hot_slots)[3]
     out = torch.zeros((batch, length) if batch else (length,), dtype=torch.int64, device=device)
     out[..., RANK_BUILT] = -1
     return out
 
 
-def rank_cache_contents(state: RequestState, words: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rank_cache_contents(state: RequestState, words: int
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What a hot_rank cache covering ``words`` bitmap words holds (the torch reference of
     resolver_rank.cuh's build): the hot_index entries of the held rows below 32 ``words``
-    in ascending row order, and the bitmap of those rows (int64 [words], each a u32 word)."""
+    in ascending row order, the bitmap of those rows (int64 [words], each a u32 word) and
+    its exclusive prefix of set bits (int64 [words], each a u16: a held row's rank is its
+    word's prefix plus the set bits below it in the word)."""
     rows = state.hot_rows
     slots = torch.nonzero((rows >= 0) & (rows < 32 * words)).flatten()
     order = rows[slots].argsort()
@@ -161,7 +169,9 @@ def rank_cache_contents(state: RequestState, words: int) -> tuple[torch.Tensor, 
     bits = torch.zeros(32 * words, dtype=torch.int64, device=rows.device)
     bits[held] = 1
     shifts = torch.arange(32, dtype=torch.int64, device=rows.device)
-    return hot_entries(state, slots), (bits.view(words, 32) << shifts).sum(1)
+    counts = bits.view(words, 32).sum(1)
+    return (hot_entries(state, slots), (bits.view(words, 32) << shifts).sum(1),
+            counts.cumsum(0) - counts)
 
 
 def bump_hot(state: RequestState, changed: torch.Tensor | int = 1) -> None:
