@@ -9,9 +9,9 @@
 // The three come from the request's hot_rank cache (request.py): read as they are when the
 // cache is valid (built at the current RANK_VERSION, which every writer of hot_rows bumps),
 // else built from hot_rows / hot_locs (coalesced) and written back for the calls after.
-// The prefix is cached since run 125: its scan took 1.5-1.7 us of a batch-160 call without
-// misses (the run-124 trace, H200, a47c6e1: cache loads back at 2.8 / 4.6 us, prefix done at
-// 4.5 / 6.1 in the first and last request's block).
+// The prefix is cached since run 125 (H200, abb95da, call by call: batch 160 without misses
+// 20.7-21.0 us against 20.8-21.4 with the scan, though run 124's trace had put 1.5-1.7 us
+// between the cache's loads and the scan's end).
 #include "resolver_common.cuh"
 
 // Fills held_bm [Wp] (rows [0, 32 W)), held_pre [Wp] and ent [B] (entries by rank) for the
@@ -28,44 +28,6 @@ __device__ void rank_cache(const i64* row, i64* rk, int B, int W, int Wp, i64 ca
     // header, entries, bitmap and prefix loaded together (all but the header are used only
     // if it says the cache is valid): one round trip on the common path
     const i64 version = rk[RANK_VERSION], built = rk[RANK_BUILT], covered = rk[RANK_WORDS];
-#ifdef RESOLVER_PREFIX_SCAN
-    // diagnostic build: the prefix scanned from the bitmap, as before run 125
-    {
-        // entries in pairs and bitmap words in fours, 16 bytes a load, in one index space
-        // with every load of a round issued before the first store (one round at NT = 1024
-        // for B = 4096 and 100K rows: 2048 + 782 loads). ent is only 8-byte aligned: a pair
-        // goes into it as two 8-byte stores. ent[B] may be written (B odd): Bp > B. Before
-        // (8-byte entry loads, then the bitmap's, then the table's columns after the fills:
-        // three dependent round trips) batch 160 took 0.6-1.3 us more without misses and
-        // 14-78 us more at 20% misses for 656 B rows (H200, 6a30582, run 86, call by call).
-        constexpr int R = NT >= 1024 ? 4 : 6;
-        const uint4* e4 = reinterpret_cast<const uint4*>(cent);
-        const uint4* c4 = reinterpret_cast<const uint4*>(cbits);
-        uint2* e2 = reinterpret_cast<uint2*>(ent);
-        uint4* d4 = reinterpret_cast<uint4*>(held_bm);
-        const int ge = (B + 1) >> 1, g = Wp >> 2, gl = Wl >> 2, n = ge + g;  // Wp, cap: multiples of 4
-        for (int i0 = threadIdx.x; i0 < n; i0 += R * NT) {
-            uint4 v[R];
-#pragma unroll
-            for (int q = 0; q < R; ++q) {
-                const int i = i0 + q * NT;
-                const bool entry = i < ge;
-                const uint4* src = entry ? e4 + i : c4 + (i - ge);
-                v[q] = entry || (i < n && i - ge < gl) ? *src : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int q = 0; q < R; ++q) {
-                const int i = i0 + q * NT;
-                if (i < ge) {
-                    e2[2 * i] = make_uint2(v[q].x, v[q].y);
-                    e2[2 * i + 1] = make_uint2(v[q].z, v[q].w);
-                } else if (i < n) {
-                    d4[i - ge] = v[q];
-                }
-            }
-        }
-    }
-#else
     {
         // entries in pairs and bitmap words in fours (16 bytes a load), their prefix in fours
         // (8 bytes), in one index space with every load of a round issued before the first
@@ -112,15 +74,11 @@ __device__ void rank_cache(const i64* row, i64* rk, int B, int W, int Wp, i64 ca
             }
         }
     }
-#endif
     TRACE(14);  // thread 0's loads of the cache arrived
     const int Wc = (int)min((i64)W, cap);
     if (built == version && covered >= Wc) {  // block-uniform
         __syncthreads();
         TRACE(15);  // every thread's (the prefix came with the bitmap: no scan)
-#ifdef RESOLVER_PREFIX_SCAN
-        bitmap_prefix(held_bm, held_pre, Wp, tmp);  // syncs
-#endif
         return;
     }
     // build: the held rows below 32 W into the bitmap, then each one's entry at its rank

@@ -22,8 +22,7 @@ count since run 105, ``*_lookup1`` the one-block shape there); the commit launch
 blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the order until
 run 105); the table's map_hi at every page (``auto_mapall``: every row divided and its page
 loads issued, as before map_hi); the default path without the copy blocks' preload
-(``auto_early0``); the rank form's prefix scanned from the bitmap as before run 125, not
-read from the cache (``-DRESOLVER_PREFIX_SCAN``, ``auto_prefixscan``). Switches that measured
+(``auto_early0``). Switches that measured
 nothing were removed with their variants: the lookup's sort, its miss path, the batch sums
 and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
@@ -32,7 +31,9 @@ cache read in three dependent round trips (``*_rank2trips``, run 86: the one-rou
 read is the default since) and more blocks for sparse misses (``*_sparse<n>``, the
 COPY_BLOCKS_SPARSE build, run 94: the few-miss rule since, ``*_few_off`` / ``*_few<n>``), the
 rank form's cache by bulk copies of the TMA and a commit block's first lines asked of L2
-before its wait (RESOLVER_RANK_BULK, RESOLVER_COMMIT_TOUCH: runs 120 and 123).
+before its wait (RESOLVER_RANK_BULK, RESOLVER_COMMIT_TOUCH: runs 120 and 123); so was the
+rank form's prefix scanned from the bitmap (RESOLVER_PREFIX_SCAN, run 125: the cached
+prefix is the default since).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -115,7 +116,6 @@ VARIANTS = {
     "auto_one_per_sm": Variant(None, copy_floor="sms"),
     "auto_mapall": Variant(None, map_all=True),
     "auto_early0": Variant(None, early=False),
-    "auto_prefixscan": Variant(None, flags=("-DRESOLVER_PREFIX_SCAN",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
