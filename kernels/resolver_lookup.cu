@@ -92,7 +92,7 @@ __device__ __forceinline__ void lookup_body(
     }
     bitmap_fill(miss_bm, nullptr, Wp + Hp);
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
-    TRACE_DEP(13, rank_cap);  // the table's row arrived
+    TRACE_DEP(13, tail_hi);  // the table's row arrived
     if (rank) rank_cache(row, rank_at, B, W, Wp, rank_cap, held_bm, held_pre, keys, tmp);  // syncs
     __syncthreads();
     TRACE(2);  // the rank form's cache in shared memory

@@ -61,8 +61,9 @@ def hit_form(hits: str | None, hot_slots: int, rank_fits: bool, batch: int, sms:
 
     - index: one load of the request's ``hot_index`` per entry (a random 32-byte sector of
       an 8-byte-per-row array);
-    - rank: the request's hot_rank cache (held-row bitmap, entries by rank) read into shared
-      memory, rebuilt from hot_rows where a writer made it stale (resolver_rank.cuh); needs
+    - rank: the request's hot_rank cache (held-row bitmap, its prefix, entries by rank) read
+      into shared memory, rebuilt from hot_rows where a writer made it stale
+      (resolver_rank.cuh); needs
       B <= 65535 and 6 more bytes of shared memory per 32 rows (``rank_fits``);
     - auto (the default): rank above the SM count where it can run, else index.
 

@@ -74,8 +74,8 @@ class HierarchyConfig:
     hot_slots      B: hot-cache rows per request (LRU); required memory
                    (and, with B > 0, hot_index: 8 bytes per history row of the request,
                    outside the pool; the CUDA lookup's row -> slot index, request.py; and
-                   hot_rank, its cache for the rank form: 8 bytes per slot and 1 bit per
-                   history row)
+                   hot_rank, its cache for the rank form: 8 bytes per slot and 1.5 bits per
+                   history row: a bitmap bit and a u16 prefix per 32 rows)
     tail_rows      T: tail ring rows per request, >= p + K_max - 1; required memory
     num_pages      M: pages of the device pool (per source group)
     reserve_pages  M_res: pages never handed out (admission reserve, eq. 3)

@@ -124,7 +124,8 @@ def new_request_state(
 
 
 HOT_SLOT_BITS = 20  # hot_index packs (pool row << 20 | slot); slots stay below 2^20
-# hot_rank's header (int64 values), then the entries, then the bitmap (u32 words)
+# hot_rank's header (int64 values), then the entries, then the bitmap (u32 words), then its
+# prefix (a u16 per bitmap word)
 RANK_VERSION, RANK_BUILT, RANK_WORDS, RANK_HEAD = 0, 1, 2, 4
 
 
