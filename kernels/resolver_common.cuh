@@ -67,8 +67,9 @@ enum { T_HOT_ROWS, T_HOT_STAMP, T_HOT_PROTECT, T_HOT_LOCS, T_TAIL_LOCS, T_PAGE_M
 #define HOT_SLOT_MASK 0xFFFFFll
 // hot_rank (request.py): header, the held rows' hot_index entries in ascending row order (B
 // rounded up to even), a bitmap of the held rows (T_RANK_CAP u32 words), then its exclusive
-// prefix of set bits (T_RANK_CAP u16, 16-byte aligned) -- the rank lookup's cache (resolver_rank.cuh), valid while RANK_BUILT == RANK_VERSION; every writer
-// of hot_rows bumps RANK_VERSION
+// prefix of set bits (T_RANK_CAP u16, 16-byte aligned) -- the rank lookup's cache
+// (resolver_rank.cuh), valid while RANK_BUILT == RANK_VERSION; every writer of hot_rows
+// bumps RANK_VERSION
 enum { RANK_VERSION, RANK_BUILT, RANK_WORDS, RANK_HEAD = 4 };
 // summary columns (int64 [batch, SCOLS]). S_EARLY: on the sync-free path the lookup block
 // publishes (call << 32 | m) there as soon as its misses are listed, before it chooses the

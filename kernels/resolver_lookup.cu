@@ -144,12 +144,12 @@ __device__ __forceinline__ void lookup_body(
                 tail[q] = rw[q] >= t_lo && rw[q] < t_hi;
                 const bool mapped = rw[q] >= 0 && rw[q] < m_rows;
                 Row tl = 0;
-                if (small) {
+                if constexpr (decltype(narrow)::value) {  // unsigned: the shorter division
                     pg[q] = mapped ? (Row)((unsigned)rw[q] / (unsigned)p) : 0;
                     tl = tail[q] ? (Row)((unsigned)rw[q] % (unsigned)T) : 0;
                 } else {
-                    pg[q] = mapped ? (Row)(rw[q] / p) : 0;
-                    tl = tail[q] ? (Row)(rw[q] % T) : 0;
+                    pg[q] = mapped ? rw[q] / p : 0;
+                    tl = tail[q] ? rw[q] % T : 0;
                 }
                 // page_map and hot_index beside page_ready (all indexed by the row), not
                 // after it: no dependent round trip; each is unused where it does not apply
