@@ -114,8 +114,21 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     // a commit block loads its summary, its slot-state pointers and the hit-mask words of its
     // first HM_SLOTS * blockDim.x slots together with the totals (one round trip, not three:
     // for B up to that, the stamping below waits for no further load)
-    const bool commit_block = bi < n_commit;
-    const int rb = commit_block ? bi % batch : 0, part = commit_block ? bi / batch : 0;
+    bool commit_block = bi < n_commit;
+#ifdef RESOLVER_STEAL
+    // diagnostic build: with nothing pending (s_fast) copy block c < n_commit other than the
+    // totals block takes commit role c (it started beside the lookup; the commit blocks start
+    // as the lookup blocks leave), and commit block x < ncb - 1 leaves. Every block loads its
+    // candidate role's lines beside the pending word
+    const int ncb_s = (int)gridDim.x - n_commit;
+    const bool thief = sums_here && !commit_block && bi - n_commit < n_commit && bi != (int)gridDim.x - 1;
+    const bool serves = commit_block || thief;
+    const int role = commit_block ? bi : bi - n_commit;
+#else
+    const bool serves = commit_block;
+    const int role = bi;
+#endif
+    const int rb = serves ? role % batch : 0, part = serves ? role / batch : 0;
     const int span = ((B + parts - 1) / parts + 31) & ~31, s_lo = min(B, part * span), s_hi = min(B, s_lo + span);
     const i64* sm = summary + (i64)rb * SCOLS;
     const i64* row = table + (i64)rb * TCOLS;
@@ -125,7 +138,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     i64 tail_hi = 0;
     unsigned hw[HM_SLOTS];
     const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)rb * B);
-    if (commit_block) {
+    if (serves) {
         su = sm[S_U], m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT];
         hot_rows = ptr<i64>(row, T_HOT_ROWS), stamp = ptr<i64>(row, T_HOT_STAMP);
         protect = ptr<i64>(row, T_HOT_PROTECT), hot_locs = ptr<const i64>(row, T_HOT_LOCS);
@@ -138,7 +151,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
 #pragma unroll
     for (int q = 0; q < HM_SLOTS; ++q) {
         const int s = s_lo + threadIdx.x + q * blockDim.x;
-        hw[q] = commit_block && s < s_hi ? hm[s >> 5] : 0u;
+        hw[q] = serves && s < s_hi ? hm[s >> 5] : 0u;
     }
     if (sums_here) {
         // nothing pending: no copies, no staging, good input, every offset 0 -- the sums are
@@ -172,6 +185,12 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         tma_drain(s_bar, tma_issued);
         return;
     }
+#ifdef RESOLVER_STEAL
+    if (sums_here && s_fast && !have_pre) {  // no copies anywhere: block-uniform
+        if (thief) commit_block = true;
+        else if (commit_block && bi < ncb_s - 1) return;  // its role went to copy block bi
+    }
+#endif
     if (!commit_block) {
         const i64 n_copies = sums_here ? c_off[batch] : totals[R_COPIES];
         if (n_copies > 0 && n_layers > 0)
