@@ -73,8 +73,10 @@ class Variant(NamedTuple):
     # one wave, at least COPY_FLOORS[copy_floor] (None: the wrapper's launched_copy_blocks)
     map_all: bool = False  # the table's map_hi at every page (the lookup then divides and
     # loads page_map / page_ready for every row, as before map_hi), not the State's 0
+    code: bool = False  # the RESOLVER_CODE_PREFETCH build armed with the case's two kernels
     warm: str | None = None  # after the flush, one untimed "call" (or "lookup") of the same
-    # case on a State of its own: the kernels' code (and none of the timed call's data) in L2
+    # case on a State of its own: the kernels' code (and none of the timed call's data) in L2;
+    # "read": a sum over 16 MB of other memory (the flush's dirty lines out, no code of ours)
 
 
 VARIANTS = {
@@ -121,6 +123,8 @@ VARIANTS = {
     "auto_steal": Variant(None, flags=("-DRESOLVER_STEAL",)),
     "auto_warmcode": Variant(None, warm="call", misses_ok=False),
     "auto_warmlookup": Variant(None, warm="lookup", misses_ok=False),
+    "auto_warmread": Variant(None, warm="read"),
+    "auto_codeprefetch": Variant(None, flags=("-DRESOLVER_CODE_PREFETCH",), code=True),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
@@ -158,12 +162,14 @@ class Launches:
         self.shared: int | None = None
         self.flags: tuple[str, ...] = ()
         self.opted: dict[object, int] = {}  # kernel -> its max dynamic shared bytes before
+        self.last: dict[bool, object] = {}  # the last kernel launched, by commit (True) or not
         kres.launch = self._wrap(self.launch, False)
         kres.launch_dependent = self._wrap(self.dependent, True)
         kres.defines = lambda: self.defines() + self.flags
 
     def _wrap(self, inner, commit: bool):
         def launch(fn, grid, block, args, shared=0):
+            self.last[commit] = fn
             fn.preferred_shared_memory_carveout = (self.commit_carveout if commit
                                                    else self.lookup_carveout)
             if commit and self.shared is not None:
@@ -295,7 +301,9 @@ def main() -> None:
                 case, off = Case(st, host, pool, item, bs, 1, k, m, False), offs[prof]
                 run = [n for n in names if not m or VARIANTS[n].misses_ok]
                 warm = None  # Variant.warm: the same case on a State of its own (hits only)
-                if any(VARIANTS[n].warm for n in run):
+                reader = torch.ones(4 << 20, device=dev) if any(
+                    VARIANTS[n].warm == "read" for n in run) else None
+                if any(VARIANTS[n].warm in ("call", "lookup") for n in run):
                     wst = State(bs, S, B, dev)
                     wpool = torch.empty(wst.pool_rows, item, dtype=torch.uint8, device=dev)
                     warm = Case(wst, host, wpool, item, bs, 1, k, 0, False)
@@ -321,15 +329,27 @@ def main() -> None:
                     time_gpu(lambda i, o=off, c=case: c.call(i + o + 1), 0, WARMUP,
                              before=lambda i, o=off, c=case: c.before(i + o + 1))
                     off += UNTIMED + args.reps
+                    if VARIANTS[name].code:
+                        from bench.resolver.code_prefetch import arm
+
+                        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+                        armed = arm(wrap.last[False], kres.lookup_variant(bs, sms)[1],
+                                    wrap.last[True], kres.defines(), dev.index or 0)
+                        rec.setdefault("armed", []).append({"batch": bs, "profile": prof,
+                                                            **armed})
+                        print(armed, flush=True)
                     wrap.end_variant()
                 for name, r in schedule(run, args.reps, bool(args.interleave)):
                     use(name)
                     w = first[name] + UNTIMED + r  # the call's own row window
                     fl = flush
                     if VARIANTS[name].warm:
-                        def fl(warm=warm, how=VARIANTS[name].warm) -> None:
+                        def fl(warm=warm, how=VARIANTS[name].warm, reader=reader) -> None:
                             flush()
-                            getattr(warm, how)(0)
+                            if how == "read":
+                                reader.sum()
+                            else:
+                                getattr(warm, how)(0)
                     ts[name] += time_gpu(lambda i, w=w, c=case: c.call(w), 1, 0,
                                          before=lambda i, w=w, c=case: c.before(w), flush=fl)
                     wrap.end_variant()
@@ -342,7 +362,7 @@ def main() -> None:
                           f"ok={ok[name]} ({time.time() - t0:.0f}s)", flush=True)
                 write_json(args.out, rec)
                 offs[prof] = off
-                del case, warm
+                del case, warm, reader
             del st, pool
     finally:
         wrap.restore()
