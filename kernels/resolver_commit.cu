@@ -153,6 +153,10 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         const int s = s_lo + threadIdx.x + q * blockDim.x;
         hw[q] = serves && s < s_hi ? hm[s >> 5] : 0u;
     }
+    TRACE_DEP_AT(23, bi, tail_hi);  // when the first loads arrived: the table's row,
+    TRACE_DEP_AT(20, bi, su);  // the summary,
+    TRACE_DEP_AT(21, bi, pending);  // the pending word,
+    TRACE_DEP_AT(22, bi, hw[0]);  // the first hit-mask word
     if (sums_here) {
         // nothing pending: no copies, no staging, good input, every offset 0 -- the sums are
         // needed for the totals only, by the last block (every block reading every summary

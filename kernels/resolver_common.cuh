@@ -109,9 +109,10 @@ __device__ int g_trace_block;
     } while (0)
 #define TRACE(slot) TRACE_AT(slot, (int)blockIdx.x)
 // the stamp waits for `value` (a load's result): when it arrived
-#define TRACE_DEP(slot, value)                                                    \
+#define TRACE_DEP(slot, value) TRACE_DEP_AT(slot, (int)blockIdx.x, value)
+#define TRACE_DEP_AT(slot, index, value)                                          \
     do {                                                                          \
-        if (threadIdx.x == 0 && (int)blockIdx.x == g_trace_block) {               \
+        if (threadIdx.x == 0 && (index) == g_trace_block) {                       \
             unsigned long long t_;                                                \
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_) : "l"((unsigned long long)(value))); \
             g_trace[slot] = t_;                                                   \
@@ -129,6 +130,7 @@ __device__ int g_trace_block;
 #define TRACE_AT(slot, index) do {} while (0)
 #define TRACE(slot) do {} while (0)
 #define TRACE_DEP(slot, value) do {} while (0)
+#define TRACE_DEP_AT(slot, index, value) do {} while (0)
 #define TRACE_ANY(slot) do {} while (0)
 #endif
 

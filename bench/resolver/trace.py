@@ -182,7 +182,10 @@ def traced(dev: torch.device, reps: int, cases=CASES, every_block: bool = False)
                                  "constant bytes": rel(10), "radix passes": rel(11),
                                  "compacted": rel(12)},
                 "last_block_us": {"start": rel(24), "end": rel(25)},
-                "commit_us": {"start": rel(16), "totals read": rel(17),
+                "commit_us": {"start": rel(16), "table row back": rel(23),
+                              "summary word back": rel(20),
+                              "pending word back": rel(21), "hit-mask word back": rel(22),
+                              "totals read": rel(17),
                               "summary read": rel(18), "stamped": rel(19)},
             })
         rows.append({"batch": bs, "profile": prof, "ok": ok,
