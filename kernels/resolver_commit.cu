@@ -103,6 +103,22 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
                               (int)gridDim.x - n_commit, bi - n_commit, call, totals + R_PRELOADS,
                               c_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
+#ifdef RESOLVER_PRETOUCH
+    // diagnostic build: before the wait, thread 0 loads (for real: a prefetch may be dropped
+    // on a translation miss) one word of each line a commit block reads or writes first,
+    // for commit role bi (a copy block: role (bi - n_commit) mod n_commit); values unused
+    if (threadIdx.x == 0 && n_commit > 0) {
+        const int r0 = (bi < n_commit ? bi : (bi - n_commit) % n_commit) % batch;
+        const i64* row0 = table + (i64)r0 * TCOLS;
+        const i64 a = __ldcg(row0 + T_TAIL_HI), b = __ldcg(summary + (i64)r0 * SCOLS + S_U);
+        const i64 c = __ldcg(totals + R_PEND + 2 * parity);
+        const unsigned d = __ldcg(reinterpret_cast<const unsigned*>(hit_mask + (i64)r0 * B));
+        const i64 e = __ldcg(ptr<const i64>(row0, T_HOT_STAMP)), f = __ldcg(ptr<const i64>(row0, T_HOT_PROTECT));
+        const unsigned long long x = (unsigned long long)(a ^ b ^ c ^ e ^ f) ^ d;
+        asm volatile("" ::"l"(x));
+        TRACE_DEP_AT(26, bi, x);  // before the wait: the touched words back
+    }
+#endif
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900

@@ -124,6 +124,7 @@ VARIANTS = {
     "auto_warmcode": Variant(None, warm="call", misses_ok=False),
     "auto_warmlookup": Variant(None, warm="lookup", misses_ok=False),
     "auto_warmread": Variant(None, warm="read"),
+    "auto_pretouch": Variant(None, flags=("-DRESOLVER_PRETOUCH",)),
     "auto_codeprefetch": Variant(None, flags=("-DRESOLVER_CODE_PREFETCH",), code=True),
 }
 
