@@ -73,6 +73,8 @@ class Variant(NamedTuple):
     # one wave, at least COPY_FLOORS[copy_floor] (None: the wrapper's launched_copy_blocks)
     map_all: bool = False  # the table's map_hi at every page (the lookup then divides and
     # loads page_map / page_ready for every row, as before map_hi), not the State's 0
+    parts: str | None = None  # DHISPARSE_COMMIT_PARTS: None = as the environment has it
+    copies: int | None = None  # the launched copy blocks, fixed (None: as copy_floor says)
     code: bool = False  # the RESOLVER_CODE_PREFETCH build armed with the case's two kernels
     warm: str | None = None  # after the flush, one untimed "call" (or "lookup") of the same
     # case on a State of its own: the kernels' code (and none of the timed call's data) in L2;
@@ -125,6 +127,9 @@ VARIANTS = {
     "auto_warmlookup": Variant(None, warm="lookup", misses_ok=False),
     "auto_warmread": Variant(None, warm="read"),
     "auto_pretouch": Variant(None, flags=("-DRESOLVER_PRETOUCH",)),
+    "auto_parts2": Variant(None, parts="2"),
+    "auto_parts4": Variant(None, parts="4"),
+    "auto_copies16": Variant(None, copies=16),
     "auto_codeprefetch": Variant(None, flags=("-DRESOLVER_CODE_PREFETCH",), code=True),
 }
 
@@ -139,6 +144,11 @@ def floored_copy_blocks(floor: str):
 
     least = COPY_FLOORS[floor]
     return lambda commit_blocks, sms: max(least(sms), COPY_BLOCKS_PER_SM * sms - commit_blocks)
+
+
+def fixed_copy_blocks(n: int):
+    """``launched_copy_blocks`` of Variant.copies ``n``: n copy blocks whatever the batch."""
+    return lambda commit_blocks, sms: n
 
 
 def set_env(var: str, value: str | None) -> None:
@@ -290,6 +300,7 @@ def main() -> None:
     t0 = time.time()
     wrap = Launches(kres)
     blocks = os.environ.get("DHISPARSE_LOOKUP_BLOCKS")  # the lookup shape of the other variants
+    parts = os.environ.get("DHISPARSE_COMMIT_PARTS")
     launched = kres.launched_copy_blocks
     map_at = kres.TABLE_COLUMNS.index("map_hi")
     try:
@@ -317,8 +328,10 @@ def main() -> None:
                     wrap.shared = kres.TMA_ROWS * item if v.shared == "tma" else v.shared
                     wrap.flags, case.tma, case.early = v.flags, v.tma, v.early
                     set_env("DHISPARSE_LOOKUP_BLOCKS", v.lookup_blocks or blocks)
-                    kres.launched_copy_blocks = (floored_copy_blocks(v.copy_floor)
-                                                 if v.copy_floor else launched)
+                    kres.launched_copy_blocks = (
+                        fixed_copy_blocks(v.copies) if v.copies is not None
+                        else floored_copy_blocks(v.copy_floor) if v.copy_floor else launched)
+                    set_env("DHISPARSE_COMMIT_PARTS", v.parts or parts)
                     case.table[:, map_at] = pages if v.map_all else 0
 
                 # each variant: its check and warm-up calls, then its timed calls, each call
@@ -368,6 +381,7 @@ def main() -> None:
     finally:
         wrap.restore()
         set_env("DHISPARSE_LOOKUP_BLOCKS", blocks)
+        set_env("DHISPARSE_COMMIT_PARTS", parts)
         kres.launched_copy_blocks = launched
     # the commit kernels' registers and spills as loaded (the plain one, the TMA one; W 16)
     for fn_name in ("resolve_commit_16", "resolve_commit_16_tma"):
