@@ -103,22 +103,6 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
                               (int)gridDim.x - n_commit, bi - n_commit, call, totals + R_PRELOADS,
                               c_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
-#ifdef RESOLVER_PRETOUCH
-    // diagnostic build: before the wait, thread 0 loads (for real: a prefetch may be dropped
-    // on a translation miss) one word of each line a commit block reads or writes first,
-    // for commit role bi (a copy block: role (bi - n_commit) mod n_commit); values unused
-    if (threadIdx.x == 0 && n_commit > 0) {
-        const int r0 = (bi < n_commit ? bi : (bi - n_commit) % n_commit) % batch;
-        const i64* row0 = table + (i64)r0 * TCOLS;
-        const i64 a = __ldcg(row0 + T_TAIL_HI), b = __ldcg(summary + (i64)r0 * SCOLS + S_U);
-        const i64 c = __ldcg(totals + R_PEND + 2 * parity);
-        const unsigned d = __ldcg(reinterpret_cast<const unsigned*>(hit_mask + (i64)r0 * B));
-        const i64 e = __ldcg(ptr<const i64>(row0, T_HOT_STAMP)), f = __ldcg(ptr<const i64>(row0, T_HOT_PROTECT));
-        const unsigned long long x = (unsigned long long)(a ^ b ^ c ^ e ^ f) ^ d;
-        asm volatile("" ::"l"(x));
-        TRACE_DEP_AT(26, bi, x);  // before the wait: the touched words back
-    }
-#endif
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900
@@ -130,21 +114,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     // a commit block loads its summary, its slot-state pointers and the hit-mask words of its
     // first HM_SLOTS * blockDim.x slots together with the totals (one round trip, not three:
     // for B up to that, the stamping below waits for no further load)
-    bool commit_block = bi < n_commit;
-#ifdef RESOLVER_STEAL
-    // diagnostic build: with nothing pending (s_fast) copy block c < n_commit other than the
-    // totals block takes commit role c (it started beside the lookup; the commit blocks start
-    // as the lookup blocks leave), and commit block x < ncb - 1 leaves. Every block loads its
-    // candidate role's lines beside the pending word
-    const int ncb_s = (int)gridDim.x - n_commit;
-    const bool thief = sums_here && !commit_block && bi - n_commit < n_commit && bi != (int)gridDim.x - 1;
-    const bool serves = commit_block || thief;
-    const int role = commit_block ? bi : bi - n_commit;
-#else
-    const bool serves = commit_block;
-    const int role = bi;
-#endif
-    const int rb = serves ? role % batch : 0, part = serves ? role / batch : 0;
+    const bool commit_block = bi < n_commit;
+    const int rb = commit_block ? bi % batch : 0, part = commit_block ? bi / batch : 0;
     const int span = ((B + parts - 1) / parts + 31) & ~31, s_lo = min(B, part * span), s_hi = min(B, s_lo + span);
     const i64* sm = summary + (i64)rb * SCOLS;
     const i64* row = table + (i64)rb * TCOLS;
@@ -154,7 +125,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     i64 tail_hi = 0;
     unsigned hw[HM_SLOTS];
     const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)rb * B);
-    if (serves) {
+    if (commit_block) {
         su = sm[S_U], m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT];
         hot_rows = ptr<i64>(row, T_HOT_ROWS), stamp = ptr<i64>(row, T_HOT_STAMP);
         protect = ptr<i64>(row, T_HOT_PROTECT), hot_locs = ptr<const i64>(row, T_HOT_LOCS);
@@ -167,12 +138,14 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
 #pragma unroll
     for (int q = 0; q < HM_SLOTS; ++q) {
         const int s = s_lo + threadIdx.x + q * blockDim.x;
-        hw[q] = serves && s < s_hi ? hm[s >> 5] : 0u;
+        hw[q] = commit_block && s < s_hi ? hm[s >> 5] : 0u;
     }
-    TRACE_DEP_AT(23, bi, tail_hi);  // when the first loads arrived: the table's row,
-    TRACE_DEP_AT(20, bi, su);  // the summary,
-    TRACE_DEP_AT(21, bi, pending);  // the pending word,
-    TRACE_DEP_AT(22, bi, hw[0]);  // the first hit-mask word
+    // when the first loads arrived (run 128: 1.4-2.4 us after the wait for the first, the
+    // table's row, which the lookup read; the others right behind it)
+    TRACE_DEP_AT(23, bi, tail_hi);
+    TRACE_DEP_AT(20, bi, su);
+    TRACE_DEP_AT(21, bi, pending);
+    TRACE_DEP_AT(22, bi, hw[0]);
     if (sums_here) {
         // nothing pending: no copies, no staging, good input, every offset 0 -- the sums are
         // needed for the totals only, by the last block (every block reading every summary
@@ -205,12 +178,6 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         tma_drain(s_bar, tma_issued);
         return;
     }
-#ifdef RESOLVER_STEAL
-    if (sums_here && s_fast && !have_pre) {  // no copies anywhere: block-uniform
-        if (thief) commit_block = true;
-        else if (commit_block && bi < ncb_s - 1) return;  // its role went to copy block bi
-    }
-#endif
     if (!commit_block) {
         const i64 n_copies = sums_here ? c_off[batch] : totals[R_COPIES];
         if (n_copies > 0 && n_layers > 0)

@@ -142,21 +142,6 @@ __device__ __forceinline__ void prefetch_l2(const void* at) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
 }
 
-#ifdef RESOLVER_CODE_PREFETCH
-// Diagnostic build (bench/resolver/code_prefetch.py): the code of the call's two kernels,
-// [g_code[2 i], g_code[2 i + 1]) for i = 0, 1 (set by the host, 0 = none), asked of L2 by
-// the lookup's threads at its start: after the benchmark's L2 flush every instruction line
-// a kernel runs first comes from DRAM.
-__device__ unsigned long long g_code[4];
-__device__ __forceinline__ void prefetch_code(int nt) {
-    const unsigned long long at = ((unsigned long long)blockIdx.x * nt + threadIdx.x) * 128ull,
-                             step = (unsigned long long)gridDim.x * nt * 128ull;
-    for (int i = 0; i < 2; ++i)
-        for (unsigned long long a = g_code[2 * i] + at; a < g_code[2 * i + 1]; a += step)
-            prefetch_l2(reinterpret_cast<const void*>(a));
-}
-#endif
-
 // Release store / acquire load of one 64-bit word at GPU scope (a flag between blocks of
 // different grids that run at the same time).
 __device__ __forceinline__ void st_release(i64* at, i64 v) {

@@ -70,9 +70,6 @@ __device__ __forceinline__ void lookup_body(
     unsigned* held_bm = reinterpret_cast<unsigned*>(smem + held_at);  // 16-byte groups
     u16* held_pre = reinterpret_cast<u16*>(held_bm + Wp);
     TRACE(0);
-#ifdef RESOLVER_CODE_PREFETCH
-    prefetch_code(NT);
-#endif
 #if __CUDA_ARCH__ >= 900
     // a commit launched behind this grid with PDL may be scheduled now (it waits for this
     // grid's completion before reading anything): its launch overlaps the lookup

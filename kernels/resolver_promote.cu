@@ -169,24 +169,3 @@ __device__ __forceinline__ void promote_body(const i64* __restrict__ table, cons
 PROMOTE(16)
 PROMOTE(8)
 PROMOTE(4)
-
-#ifdef RESOLVER_CODE_PREFETCH
-// Diagnostic build: each kernel's code address (bench/resolver/code_prefetch.py CODE_KERNELS,
-// in this order); code_end is defined last, so that its address may bound the one before it
-extern "C" __global__ void code_end() {}
-#define CODE_FN(F) (unsigned long long)(F)
-extern "C" __global__ void code_addresses(unsigned long long* out) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    int i = 0;
-    out[i++] = CODE_FN(resolve_lookup), out[i++] = CODE_FN(resolve_lookup_2);
-    out[i++] = CODE_FN(resolve_lookup_rank), out[i++] = CODE_FN(resolve_lookup_2_rank);
-    out[i++] = CODE_FN(resolve_lookup_q), out[i++] = CODE_FN(resolve_lookup_2_q);
-    out[i++] = CODE_FN(resolve_lookup_rank_q), out[i++] = CODE_FN(resolve_lookup_2_rank_q);
-    out[i++] = CODE_FN(resolve_commit_16), out[i++] = CODE_FN(resolve_commit_8);
-    out[i++] = CODE_FN(resolve_commit_4), out[i++] = CODE_FN(resolve_commit_16_tma);
-    out[i++] = CODE_FN(plan_copy_16), out[i++] = CODE_FN(plan_copy_8), out[i++] = CODE_FN(plan_copy_4);
-    out[i++] = CODE_FN(promote_staged_16), out[i++] = CODE_FN(promote_staged_8);
-    out[i++] = CODE_FN(promote_staged_4), out[i++] = CODE_FN(code_end);
-    out[i++] = CODE_FN(code_addresses);
-}
-#endif

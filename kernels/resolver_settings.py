@@ -37,13 +37,10 @@ def defines() -> tuple[str, ...]:
     ``DHISPARSE_RESOLVER_LINEINFO=1`` adds source line info for a profiler (same code).
     ``DHISPARSE_RESOLVER_TMA_PRELOAD=1`` builds the TMA kernel's preload by TMA in (the
     sync-free path's first rows by TMA before the lookup ends; resolver_copy.cuh
-    ``preload_tma``): same results; off by default, its code slows calls without misses.
-    ``DHISPARSE_RESOLVER_PRETOUCH=1`` (diagnostic): the commit blocks load a word of their
-    first lines before waiting for the lookup."""
+    ``preload_tma``): same results; off by default, its code slows calls without misses."""
     switches = (("DHISPARSE_RESOLVER_TRACE", "-DRESOLVER_TRACE"),
                 ("DHISPARSE_RESOLVER_LINEINFO", "-lineinfo"),
-                ("DHISPARSE_RESOLVER_TMA_PRELOAD", "-DRESOLVER_TMA_PRELOAD"),
-                ("DHISPARSE_RESOLVER_PRETOUCH", "-DRESOLVER_PRETOUCH"))
+                ("DHISPARSE_RESOLVER_TMA_PRELOAD", "-DRESOLVER_TMA_PRELOAD"))
     return tuple(flag for var, flag in switches if _switch(var, "0"))
 
 

@@ -22,7 +22,10 @@ count since run 105, ``*_lookup1`` the one-block shape there); the commit launch
 blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the order until
 run 105); the table's map_hi at every page (``auto_mapall``: every row divided and its page
 loads issued, as before map_hi); the default path without the copy blocks' preload
-(``auto_early0``). Switches that measured
+(``auto_early0``); and, as diagnostics, the call after an untimed one of the same case on
+other memory (``auto_warmcode``: lookup and commit, ``auto_warmlookup``: the lookup alone;
+their code in L2 again after the flush) or after a sum over 16 MB (``auto_warmread``: the
+flush's dirty lines evicted, no code of ours). Switches that measured
 nothing were removed with their variants: the lookup's sort, its miss path, the batch sums
 and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
@@ -33,7 +36,11 @@ COPY_BLOCKS_SPARSE build, run 94: the few-miss rule since, ``*_few_off`` / ``*_f
 rank form's cache by bulk copies of the TMA and a commit block's first lines asked of L2
 before its wait (RESOLVER_RANK_BULK, RESOLVER_COMMIT_TOUCH: runs 120 and 123); so was the
 rank form's prefix scanned from the bitmap (RESOLVER_PREFIX_SCAN, run 125: the cached
-prefix is the default since).
+prefix is the default since); so were, in runs 126-130, copy blocks taking the commit roles
+when nothing is pending (RESOLVER_STEAL), the code prefetched by the lookup
+(RESOLVER_CODE_PREFETCH: a kernel's own address reads 0 without relocatable device code),
+a commit block's first lines loaded before its wait (RESOLVER_PRETOUCH) and 2 or 4 commit
+parts or 16 copy blocks at batch 160.
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -73,9 +80,6 @@ class Variant(NamedTuple):
     # one wave, at least COPY_FLOORS[copy_floor] (None: the wrapper's launched_copy_blocks)
     map_all: bool = False  # the table's map_hi at every page (the lookup then divides and
     # loads page_map / page_ready for every row, as before map_hi), not the State's 0
-    parts: str | None = None  # DHISPARSE_COMMIT_PARTS: None = as the environment has it
-    copies: int | None = None  # the launched copy blocks, fixed (None: as copy_floor says)
-    code: bool = False  # the RESOLVER_CODE_PREFETCH build armed with the case's two kernels
     warm: str | None = None  # after the flush, one untimed "call" (or "lookup") of the same
     # case on a State of its own: the kernels' code (and none of the timed call's data) in L2;
     # "read": a sum over 16 MB of other memory (the flush's dirty lines out, no code of ours)
@@ -122,15 +126,9 @@ VARIANTS = {
     "auto_one_per_sm": Variant(None, copy_floor="sms"),
     "auto_mapall": Variant(None, map_all=True),
     "auto_early0": Variant(None, early=False),
-    "auto_steal": Variant(None, flags=("-DRESOLVER_STEAL",)),
     "auto_warmcode": Variant(None, warm="call", misses_ok=False),
     "auto_warmlookup": Variant(None, warm="lookup", misses_ok=False),
     "auto_warmread": Variant(None, warm="read"),
-    "auto_pretouch": Variant(None, flags=("-DRESOLVER_PRETOUCH",)),
-    "auto_parts2": Variant(None, parts="2"),
-    "auto_parts4": Variant(None, parts="4"),
-    "auto_copies16": Variant(None, copies=16),
-    "auto_codeprefetch": Variant(None, flags=("-DRESOLVER_CODE_PREFETCH",), code=True),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
@@ -144,11 +142,6 @@ def floored_copy_blocks(floor: str):
 
     least = COPY_FLOORS[floor]
     return lambda commit_blocks, sms: max(least(sms), COPY_BLOCKS_PER_SM * sms - commit_blocks)
-
-
-def fixed_copy_blocks(n: int):
-    """``launched_copy_blocks`` of Variant.copies ``n``: n copy blocks whatever the batch."""
-    return lambda commit_blocks, sms: n
 
 
 def set_env(var: str, value: str | None) -> None:
@@ -173,14 +166,12 @@ class Launches:
         self.shared: int | None = None
         self.flags: tuple[str, ...] = ()
         self.opted: dict[object, int] = {}  # kernel -> its max dynamic shared bytes before
-        self.last: dict[bool, object] = {}  # the last kernel launched, by commit (True) or not
         kres.launch = self._wrap(self.launch, False)
         kres.launch_dependent = self._wrap(self.dependent, True)
         kres.defines = lambda: self.defines() + self.flags
 
     def _wrap(self, inner, commit: bool):
         def launch(fn, grid, block, args, shared=0):
-            self.last[commit] = fn
             fn.preferred_shared_memory_carveout = (self.commit_carveout if commit
                                                    else self.lookup_carveout)
             if commit and self.shared is not None:
@@ -300,7 +291,6 @@ def main() -> None:
     t0 = time.time()
     wrap = Launches(kres)
     blocks = os.environ.get("DHISPARSE_LOOKUP_BLOCKS")  # the lookup shape of the other variants
-    parts = os.environ.get("DHISPARSE_COMMIT_PARTS")
     launched = kres.launched_copy_blocks
     map_at = kres.TABLE_COLUMNS.index("map_hi")
     try:
@@ -328,10 +318,8 @@ def main() -> None:
                     wrap.shared = kres.TMA_ROWS * item if v.shared == "tma" else v.shared
                     wrap.flags, case.tma, case.early = v.flags, v.tma, v.early
                     set_env("DHISPARSE_LOOKUP_BLOCKS", v.lookup_blocks or blocks)
-                    kres.launched_copy_blocks = (
-                        fixed_copy_blocks(v.copies) if v.copies is not None
-                        else floored_copy_blocks(v.copy_floor) if v.copy_floor else launched)
-                    set_env("DHISPARSE_COMMIT_PARTS", v.parts or parts)
+                    kres.launched_copy_blocks = (floored_copy_blocks(v.copy_floor)
+                                                 if v.copy_floor else launched)
                     case.table[:, map_at] = pages if v.map_all else 0
 
                 # each variant: its check and warm-up calls, then its timed calls, each call
@@ -343,15 +331,6 @@ def main() -> None:
                     time_gpu(lambda i, o=off, c=case: c.call(i + o + 1), 0, WARMUP,
                              before=lambda i, o=off, c=case: c.before(i + o + 1))
                     off += UNTIMED + args.reps
-                    if VARIANTS[name].code:
-                        from bench.resolver.code_prefetch import arm
-
-                        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-                        armed = arm(wrap.last[False], kres.lookup_variant(bs, sms)[1],
-                                    wrap.last[True], kres.defines(), dev.index or 0)
-                        rec.setdefault("armed", []).append({"batch": bs, "profile": prof,
-                                                            **armed})
-                        print(armed, flush=True)
                     wrap.end_variant()
                 for name, r in schedule(run, args.reps, bool(args.interleave)):
                     use(name)
@@ -381,7 +360,6 @@ def main() -> None:
     finally:
         wrap.restore()
         set_env("DHISPARSE_LOOKUP_BLOCKS", blocks)
-        set_env("DHISPARSE_COMMIT_PARTS", parts)
         kres.launched_copy_blocks = launched
     # the commit kernels' registers and spills as loaded (the plain one, the TMA one; W 16)
     for fn_name in ("resolve_commit_16", "resolve_commit_16_tma"):
