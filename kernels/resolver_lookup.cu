@@ -129,6 +129,7 @@ __device__ __forceinline__ void lookup_body(
                 r[q] = e < Ke ? s_b[e] : -1;
                 vis[q] = Kq == 1 ? vis1 : e < Ke ? visible[(i64)b * K + e / k] : 0;
             }
+            if (e0 == (int)threadIdx.x) TRACE_DEP(27, r[0]);  // the first selected row arrived
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 unsigned bad = 0;
@@ -162,6 +163,7 @@ __device__ __forceinline__ void lookup_body(
                     hi[q] = rest && B > 0 && rw[q] < n_bits ? hot_index[rw[q]] : -1;
                 loc[q] = tail[q] ? tail_locs[tl] : -1;
             }
+            if (e0 == (int)threadIdx.x) TRACE_DEP(28, hi[0] ^ loc[0]);  // its lookups done
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;

@@ -176,6 +176,7 @@ def traced(dev: torch.device, reps: int, cases=CASES, every_block: bool = False)
             phases.append({
                 "block": blk,
                 "lookup_us": {name: rel(i + 1) for i, name in enumerate(LOOKUP_PHASES)},
+                "pass_1_us": {"first selected row back": rel(27), "its lookups done": rel(28)},
                 "rank_cache_us": {"table row": rel(13), "thread 0's loads": rel(14),
                                   "every thread's loads": rel(15)},
                 "miss_path_us": {"misses listed": rel(8), "keys built": rel(9),
