@@ -194,9 +194,16 @@ __device__ __forceinline__ void lookup_body(
         if (small) pass1(groups, Flag<true>{});
         else pass1(groups, Flag<false>{});
     };
+#if defined(RESOLVER_PASS1_MAXG) && RESOLVER_PASS1_MAXG == 1  // diagnostic builds: G capped
+    pass1_rows(Groups<1>{});
+#elif defined(RESOLVER_PASS1_MAXG) && RESOLVER_PASS1_MAXG == 2
+    if (Ke <= NT) pass1_rows(Groups<1>{});
+    else pass1_rows(Groups<2>{});
+#else
     if (Ke <= NT) pass1_rows(Groups<1>{});
     else if (Ke <= 2 * NT || UL < 4) pass1_rows(Groups<2>{});
     else pass1_rows(Groups<4>{});
+#endif
     const unsigned rep = Kq < K ? (unsigned)K : 1u;
     block_add(&cnt[0], n_tail * rep);
     block_add(&cnt[1], n_opt * rep);
