@@ -194,16 +194,21 @@ __device__ __forceinline__ void lookup_body(
         if (small) pass1(groups, Flag<true>{});
         else pass1(groups, Flag<false>{});
     };
-#if defined(RESOLVER_PASS1_MAXG) && RESOLVER_PASS1_MAXG == 1  // diagnostic builds: G capped
-    pass1_rows(Groups<1>{});
-#elif defined(RESOLVER_PASS1_MAXG) && RESOLVER_PASS1_MAXG == 2
-    if (Ke <= NT) pass1_rows(Groups<1>{});
-    else pass1_rows(Groups<2>{});
+    // G = 4 only where the entries' loads need the depth: not in the rank form of the
+    // 512-thread build (the shape above the SM count, two blocks an SM), whose lookups are in
+    // shared memory and whose selection was asked of L2 while the cache loaded. There G = 2
+    // (less code to fetch after the L2 flush, fewer spills) took batch 160 without misses to
+    // 20.2-20.5 us against 20.3-20.8 (656 B) and 20.3-20.5 against 21.7-21.9 (1152 B) (H200,
+    // run 132, call by call, with G capped in every kernel; capped in every kernel, batch 1
+    // lost 0.5 us: hence only here). RESOLVER_TWO_G4 (a diagnostic build) keeps G = 4 there.
+#ifdef RESOLVER_TWO_G4
+    constexpr bool g2 = false;
 #else
-    if (Ke <= NT) pass1_rows(Groups<1>{});
-    else if (Ke <= 2 * NT || UL < 4) pass1_rows(Groups<2>{});
-    else pass1_rows(Groups<4>{});
+    constexpr bool g2 = RANK && NT <= 512;
 #endif
+    if (Ke <= NT) pass1_rows(Groups<1>{});
+    else if (Ke <= 2 * NT || UL < 4 || g2) pass1_rows(Groups<2>{});
+    else pass1_rows(Groups<4>{});
     const unsigned rep = Kq < K ? (unsigned)K : 1u;
     block_add(&cnt[0], n_tail * rep);
     block_add(&cnt[1], n_opt * rep);

@@ -129,8 +129,7 @@ VARIANTS = {
     "auto_warmcode": Variant(None, warm="call", misses_ok=False),
     "auto_warmlookup": Variant(None, warm="lookup", misses_ok=False),
     "auto_warmread": Variant(None, warm="read"),
-    "auto_g2": Variant(None, flags=("-DRESOLVER_PASS1_MAXG=2",)),
-    "auto_g1": Variant(None, flags=("-DRESOLVER_PASS1_MAXG=1",)),
+    "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
