@@ -198,9 +198,10 @@ __device__ __forceinline__ void lookup_body(
     // 512-thread build (the shape above the SM count, two blocks an SM), whose lookups are in
     // shared memory and whose selection was asked of L2 while the cache loaded. There G = 2
     // (less code to fetch after the L2 flush, fewer spills) took batch 160 without misses to
-    // 20.2-20.5 us against 20.3-20.8 (656 B) and 20.3-20.5 against 21.7-21.9 (1152 B) (H200,
-    // run 132, call by call, with G capped in every kernel; capped in every kernel, batch 1
-    // lost 0.5 us: hence only here). RESOLVER_TWO_G4 (a diagnostic build) keeps G = 4 there.
+    // 20.1-20.4 us against 20.6-20.8 (656 B) and 20.6-20.7 against 21.3-21.7 (1152 B), calls
+    // with misses within their spread (H200, a8f3055, run 133, call by call). Capped in every
+    // kernel it cost batch 1 0.5 us (run 132), hence only here. RESOLVER_TWO_G4 (a diagnostic
+    // build, tma_cost auto_twog4) keeps G = 4 there.
 #ifdef RESOLVER_TWO_G4
     constexpr bool g2 = false;
 #else

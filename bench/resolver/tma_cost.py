@@ -22,10 +22,12 @@ count since run 105, ``*_lookup1`` the one-block shape there); the commit launch
 blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the order until
 run 105); the table's map_hi at every page (``auto_mapall``: every row divided and its page
 loads issued, as before map_hi); the default path without the copy blocks' preload
-(``auto_early0``); and, as diagnostics, the call after an untimed one of the same case on
-other memory (``auto_warmcode``: lookup and commit, ``auto_warmlookup``: the lookup alone;
-their code in L2 again after the flush) or after a sum over 16 MB (``auto_warmread``: the
-flush's dirty lines evicted, no code of ours). Switches that measured
+(``auto_early0``); pass 1 in groups of 4 in the 512-thread build's rank kernels
+(``-DRESOLVER_TWO_G4``, ``auto_twog4``: the lookup before run 133); and, as diagnostics,
+the call after an untimed one of the same case on other memory (``auto_warmcode``: lookup
+and commit, ``auto_warmlookup``: the lookup alone; their code in L2 again after the flush)
+or after a sum over 16 MB (``auto_warmread``: the flush's dirty lines evicted, no code of
+ours). Switches that measured
 nothing were removed with their variants: the lookup's sort, its miss path, the batch sums
 and a copy block's copies out of line, never-run padding code (runs 64-67,
 bench/README.md), more rows warmed in L2 (run 73), the victims listed in LRU order against
@@ -39,8 +41,9 @@ rank form's prefix scanned from the bitmap (RESOLVER_PREFIX_SCAN, run 125: the c
 prefix is the default since); so were, in runs 126-130, copy blocks taking the commit roles
 when nothing is pending (RESOLVER_STEAL), the code prefetched by the lookup
 (RESOLVER_CODE_PREFETCH: a kernel's own address reads 0 without relocatable device code),
-a commit block's first lines loaded before its wait (RESOLVER_PRETOUCH) and 2 or 4 commit
-parts or 16 copy blocks at batch 160.
+a commit block's first lines loaded before its wait (RESOLVER_PRETOUCH), 2 or 4 commit
+parts or 16 copy blocks at batch 160, and pass 1's unroll capped in every kernel
+(RESOLVER_PASS1_MAXG, run 132).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
