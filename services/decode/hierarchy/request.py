@@ -169,10 +169,10 @@ def rank_cache_contents(state: RequestState, words: int
     slots, held = slots[order], rows[slots][order]
     bits = torch.zeros(32 * words, dtype=torch.int64, device=rows.device)
     bits[held] = 1
+    per_word = bits.view(words, 32)
     shifts = torch.arange(32, dtype=torch.int64, device=rows.device)
-    counts = bits.view(words, 32).sum(1)
-    return (hot_entries(state, slots), (bits.view(words, 32) << shifts).sum(1),
-            counts.cumsum(0) - counts)
+    counts = per_word.sum(1)
+    return hot_entries(state, slots), (per_word << shifts).sum(1), counts.cumsum(0) - counts
 
 
 def bump_hot(state: RequestState, changed: torch.Tensor | int = 1) -> None:
