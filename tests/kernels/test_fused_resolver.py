@@ -487,3 +487,40 @@ def test_identical_queries_copy_each_row_once() -> None:
     assert plan is not None
     unique = sum(int(torch.unique(sel[b][(sel[b] >= 0)]).numel()) for b in range(len(rids)))
     assert plan.copy_rows.numel() <= unique and plan.counts.host_rows == plan.copy_rows.numel()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("blocks", ["1", "2x512"])
+@pytest.mark.parametrize("batch,k", [(1, 37), (40, 301), (150, 64)])
+def test_one_query_rank_form_reads_its_selection_from_shared_memory_like_the_reference(
+    batch: int, k: int, blocks: str, monkeypatch
+) -> None:
+    """K = 1 in the rank form: the lookup copies the selection and the bound into shared
+    memory (lookup_selection: every call here) and resolves exactly as the reference does,
+    odd k included; a row at its bound and a negative bound are refused like the reference's,
+    nothing changed, and the next good call resolves."""
+    from kernels import resolver as kres
+
+    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", blocks)
+    monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", "rank")
+    taken: list[bool] = []
+    decide = kres.lookup_selection
+    monkeypatch.setattr(kres, "lookup_selection", lambda *a: taken.append(decide(*a)) or taken[-1])
+    seed = random.randrange(1 << 30)  # fresh inputs every run; printed on failure
+    h_ref, h_k, rids = make_pair(seed, batch, 1, 320, 4096, 24, ref_device=REF_DEVICE)
+    gen = torch.Generator().manual_seed(seed)
+    resolved = 0
+    for hit_frac in (0.0, 1.0, 0.9, 1.0, -1.0, 0.5):
+        sel = selections(h_ref, rids, 1, k, hit_frac, gen)
+        resolved += check_round(h_ref, h_k, rids, sel) is not None
+    assert resolved >= 4, (seed, resolved)  # the slots hold every request's k rows
+    sel = selections(h_ref, rids, 1, k, 1.0, gen)
+    vis = h_ref.causal_bounds(rids, 1).cpu()
+    bad = sel.clone()
+    bad[batch - 1, 0, k - 1] = int(vis[batch - 1, 0])  # at the bound: past the visible rows
+    assert check_round(h_ref, h_k, rids, bad) is None
+    bad_vis = vis.clone()
+    bad_vis[batch // 2, 0] = -1
+    assert check_round(h_ref, h_k, rids, sel, vis=bad_vis) is None
+    assert check_round(h_ref, h_k, rids, sel) is not None
+    assert taken and all(taken), (seed, taken)
