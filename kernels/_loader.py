@@ -70,18 +70,6 @@ def dynamic_shared_cap(fn: Any, device: int) -> int:
 
 
 @functools.cache
-def sm_shared(device: int) -> int:
-    """Shared memory per SM (bytes), every block's share and its reserved 1 KB included."""
-    props = torch.cuda.get_device_properties(device)
-    per_sm = getattr(props, "shared_memory_per_multiprocessor", None)
-    if per_sm is None:  # a torch without the field
-        import cupy
-
-        per_sm = cupy.cuda.runtime.getDeviceProperties(device)["sharedMemPerMultiprocessor"]
-    return int(per_sm)
-
-
-@functools.cache
 def sm_count(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 

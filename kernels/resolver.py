@@ -26,7 +26,6 @@ from ._loader import (
     launch_dependent,
     ptr,
     sm_count,
-    sm_shared,
     vec_width,
 )
 from .resolver_settings import (  # re-exported: the wrappers' settings live there
@@ -209,12 +208,6 @@ def lookup(
         fn = kernel("resolver", func + q, dev, True, flags)
         cap = dynamic_shared_cap(fn, dev)
     shared = lookup_shared_bytes(words, pow2, rank)
-    # the rank form at K = 1 copies its selection into shared memory where that fits
-    sel = rank and k_queries == 1 and lookup_selection(
-        shared, k, cap, int(fn.shared_size_bytes), 2 if func.startswith("resolve_lookup_2") else 1,
-        sm_shared(dev))
-    if sel:
-        shared = selection_shared_bytes(shared, k)
     call = 0 if host_totals else ws.call % (1 << 30) + 1  # the sync-free path's tag
     check_limit(f"shared bytes ({48 if rank else 24} * ceil(rows_bound / 128) + 8.125 * pow2(B)"
                 f"{' + up to 8' if rank else ''})", shared, cap)
@@ -237,7 +230,6 @@ def lookup(
         np.int32(bool(host_totals)),
         np.int32(ws.parity ^ (not host_totals)),
         np.int32(call),
-        np.int32(sel),
     )
     launch(fn, (batch,), (threads,), args, shared)
     if not host_totals:
@@ -275,32 +267,6 @@ def lookup_shared_bytes(words: int, pow2: int, rank: bool = False) -> int:
     wp = -(-words // 4) * 4
     base = 6 * wp + pow2 // 8 + 8 * pow2
     return -(-base // 16) * 16 + 6 * wp if rank else base  # held_at in resolver_lookup.cu
-
-
-def selection_shared_bytes(shared: int, k: int) -> int:
-    """The rank form's dynamic shared memory (``shared``, lookup_shared_bytes) with its
-    selection in it: k entries and the request's bound (i64) at the next 16-byte boundary
-    (resolver_lookup.cu sel_s)."""
-    return -(-shared // 16) * 16 + 8 * (k + 1)
-
-
-# shared memory the GPU reserves per resident block (sm_80 / sm_90: 1 KB)
-RESERVED_SHARED = 1024
-
-
-def lookup_selection(shared: int, k: int, cap: int, static: int, per_sm: int,
-                     sm_bytes: int) -> bool:
-    """Whether the rank form's lookup at K = 1 takes its selection into shared memory
-    (cp.async from the block's start; pass 1 then loads no global memory after the cache's
-    barrier): where the bytes fit the block's ``cap`` and leave the shape its ``per_sm``
-    blocks an SM (as many as ``shared`` alone leaves: ``sm_bytes`` an SM, ``static`` and
-    RESERVED_SHARED a block)."""
-    with_sel = selection_shared_bytes(shared, k)
-
-    def blocks(dynamic: int) -> int:
-        return min(per_sm, sm_bytes // (dynamic + static + RESERVED_SHARED))
-
-    return with_sel <= cap and blocks(with_sel) >= blocks(shared)
 
 
 def _check_round(ws: Workspace, table: torch.Tensor, selections: torch.Tensor,

@@ -142,15 +142,6 @@ __device__ __forceinline__ void prefetch_l2(const void* at) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
 }
 
-// 8 bytes global -> shared without a register (sm_80+ cp.async): lands by cp_async_wait()
-// (the issuing thread's copies; a barrier after it shows them to the block)
-__device__ __forceinline__ void cp_async8(void* to, const void* from) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((unsigned)__cvta_generic_to_shared(to)),
-                 "l"(__cvta_generic_to_global(from))
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 // Release store / acquire load of one 64-bit word at GPU scope (a flag between blocks of
 // different grids that run at the same time).
 __device__ __forceinline__ void st_release(i64* at, i64 v) {

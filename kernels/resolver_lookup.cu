@@ -32,9 +32,7 @@ __device__ __forceinline__ bool same_queries(const i64* __restrict__ s_b, const 
 // Bp / 32: miss bitmap [Wp] u32, hit bitmap over the slots [Hp] u32, miss prefix [Wp] u16,
 // then LRU keys [Bp] u64 (the bitmaps move in 16-byte groups); with hits = 1 (the rank form,
 // resolver_rank.cuh) also the held-row bitmap [Wp] u32 (at the next 16-byte boundary) and
-// its prefix [Wp] u16, and the held rows' entries by rank in the keys' place until pass 1 ends;
-// with sel_shared (the rank form at K = 1, where the wrapper found room: lookup_selection)
-// then the selection [k] i64 and the request's bound (at the next 16-byte boundary).
+// its prefix [Wp] u16, and the held rows' entries by rank in the keys' place until pass 1 ends.
 // UL: slot groups per thread in the victim keys; entry loops run G groups (G * NT >= K * k
 // where possible: a group past the last entry would still cost its instructions).
 template <int UL, bool RANK, bool SAME>
@@ -43,7 +41,7 @@ __device__ __forceinline__ void lookup_body(
     i64* __restrict__ locs, i64* __restrict__ miss_dst, i64* __restrict__ misses,
     i32* __restrict__ victims, i32* __restrict__ hit_mask, i64* __restrict__ summary,
     i64* __restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,
-    i64 finished_epoch, int select_mode, int sums, int parity, int call, int sel_shared) {
+    i64 finished_epoch, int select_mode, int sums, int parity, int call) {
     (void)miss_dst;  // the commit's scratch (both launches take the workspace's pointers)
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ unsigned tmp[33];
@@ -77,23 +75,6 @@ __device__ __forceinline__ void lookup_body(
     // grid's completion before reading anything): its launch overlaps the lookup
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
-    // the rank form's selection (K = 1) and the request's bound into shared memory by
-    // cp.async from the block's start -- their addresses need no table column -- so that pass
-    // 1 waits for no global load after the cache's barrier (before, the selection was asked
-    // of L2 beside the cache and its first row came back 0.6-0.8 us after that barrier at
-    // batch 160: H200, e2b11d5, run 131). RESOLVER_SEL_GLOBAL (a diagnostic build, tma_cost
-    // auto_selglobal) reads them from global memory as before.
-#ifdef RESOLVER_SEL_GLOBAL
-    constexpr bool can_sel = false;
-#else
-    constexpr bool can_sel = RANK && !SAME;
-#endif
-    const bool sel_sh = can_sel && rank && sel_shared && K == 1;  // block-uniform
-    i64* const sel_s = reinterpret_cast<i64*>(smem + ((held_at + (size_t)6 * Wp + 15) & ~(size_t)15));
-    if (sel_sh) {
-        for (int i = threadIdx.x; i < Kk; i += NT) cp_async8(sel_s + i, s_b + i);
-        if (threadIdx.x == 0) cp_async8(sel_s + Kk, visible + b);
-    }
     // the round's K queries sharing one selection (same_queries): passes 1 and 2 take the
     // first query's Ke = k entries, its locations go to the others' at the end and the entry
     // counters count every query's; the others' bounds are checked apart (ST_VISIBLE).
@@ -105,8 +86,7 @@ __device__ __forceinline__ void lookup_body(
     if (rank) {  // into L2 while the block reads its cache: what pass 1 loads after it (the
         // selection, and the page map and flags of the pages below the tail)
         const int pages = (int)min((tail_lo + p - 1) / p, map_hi);
-        if (!sel_sh)
-            for (int i = threadIdx.x; i * 16 < Kk; i += NT) prefetch_l2(s_b + i * 16);
+        for (int i = threadIdx.x; i * 16 < Kk; i += NT) prefetch_l2(s_b + i * 16);
         for (int i = threadIdx.x; i * 16 < pages; i += NT) prefetch_l2(page_map + i * 16);
         for (int i = threadIdx.x; i * 128 < pages; i += NT) prefetch_l2(page_ready + i * 128);
     }
@@ -114,7 +94,6 @@ __device__ __forceinline__ void lookup_body(
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
     TRACE_DEP(13, tail_hi);  // the table's row arrived
     if (rank) rank_cache(row, rank_at, B, W, Wp, rank_cap, held_bm, held_pre, keys, tmp);  // syncs
-    if (sel_sh) cp_async_wait();  // this thread's copies; the barrier shows every thread's
     __syncthreads();
     TRACE(2);  // the rank form's cache in shared memory
 
@@ -129,8 +108,7 @@ __device__ __forceinline__ void lookup_body(
     // request without optional or history pages, as the benchmark's, loads none).
     const bool small = tail_hi <= 0x7FFFFFFFll;
     const i64 map_rows = map_hi * p;
-    const i64 vis1 = SAME ? (Kq == 1 ? visible[(i64)b * K] : 0) : K == 1 ? (sel_sh ? sel_s[Kk] : visible[b]) : 0;
-    const i64* const s_e = sel_sh ? sel_s : s_b;  // the entries' rows (generic: either space)
+    const i64 vis1 = SAME ? (Kq == 1 ? visible[(i64)b * K] : 0) : K == 1 ? visible[b] : 0;
     unsigned n_tail = 0, n_opt = 0, n_hot = 0, n_host = 0, status = 0;
     // Row: the row arithmetic past the entry checks -- int where every row of the request
     // fits (small), else i64. The bounds it compares with are clamped to tail_hi: no valid
@@ -148,7 +126,7 @@ __device__ __forceinline__ void lookup_body(
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;
-                r[q] = e < Ke ? s_e[e] : -1;
+                r[q] = e < Ke ? s_b[e] : -1;
                 vis[q] = Kq == 1 ? vis1 : e < Ke ? visible[(i64)b * K + e / k] : 0;
             }
             if (e0 == (int)threadIdx.x) TRACE_DEP(27, r[0]);  // the first selected row arrived
@@ -330,9 +308,9 @@ __device__ __forceinline__ void lookup_body(
         i64 *__restrict__ locs, i64 *__restrict__ miss_dst, i64 *__restrict__ misses,                       \
         i32 *__restrict__ victims, i32 *__restrict__ hit_mask, i64 *__restrict__ summary,                  \
         i64 *__restrict__ totals, int batch, int K, int k, int B, int Bp, int T, int p, int W,             \
-        i64 finished_epoch, int select_mode, int sums, int parity, int call, int sel_shared
+        i64 finished_epoch, int select_mode, int sums, int parity, int call
 #define LOOKUP_PASS table, sel, visible, locs, miss_dst, misses, victims, hit_mask, summary, totals, batch, K, \
-                    k, B, Bp, T, p, W, finished_epoch, select_mode, sums, parity, call, sel_shared
+                    k, B, Bp, T, p, W, finished_epoch, select_mode, sums, parity, call
 // Four lookups a path (Q: the names' suffix, SAME: the identical-queries path): one block
 // per SM (64 registers, 4 loads in flight per thread) or two (_2: a batch above the SM count
 // in one wave; at NT = 1024 that leaves 32 registers, 2 loads in flight per thread; built

@@ -23,9 +23,7 @@ blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the or
 run 105); the table's map_hi at every page (``auto_mapall``: every row divided and its page
 loads issued, as before map_hi); the default path without the copy blocks' preload
 (``auto_early0``); pass 1 in groups of 4 in the 512-thread build's rank kernels
-(``-DRESOLVER_TWO_G4``, ``auto_twog4``: the lookup before run 133); the rank form's
-selection and bound read from global memory in pass 1 (``-DRESOLVER_SEL_GLOBAL``,
-``auto_selglobal``: the lookup before they were copied into shared memory); and, as diagnostics,
+(``-DRESOLVER_TWO_G4``, ``auto_twog4``: the lookup before run 133); and, as diagnostics,
 the call after an untimed one of the same case on other memory (``auto_warmcode``: lookup
 and commit, ``auto_warmlookup``: the lookup alone; their code in L2 again after the flush)
 or after a sum over 16 MB (``auto_warmread``: the flush's dirty lines evicted, no code of
@@ -135,7 +133,6 @@ VARIANTS = {
     "auto_warmlookup": Variant(None, warm="lookup", misses_ok=False),
     "auto_warmread": Variant(None, warm="read"),
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
-    "auto_selglobal": Variant(None, flags=("-DRESOLVER_SEL_GLOBAL",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)

@@ -492,20 +492,16 @@ def test_identical_queries_copy_each_row_once() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("blocks", ["1", "2x512"])
 @pytest.mark.parametrize("batch,k", [(1, 37), (40, 301), (150, 64)])
-def test_one_query_rank_form_reads_its_selection_from_shared_memory_like_the_reference(
+def test_one_query_rank_form_resolves_like_the_reference(
     batch: int, k: int, blocks: str, monkeypatch
 ) -> None:
-    """K = 1 in the rank form: the lookup copies the selection and the bound into shared
-    memory (lookup_selection: every call here) and resolves exactly as the reference does,
-    odd k included; a row at its bound and a negative bound are refused like the reference's,
-    nothing changed, and the next good call resolves."""
-    from kernels import resolver as kres
-
+    """K = 1 in the rank form (the benchmark's shape above the SM count; the cases above
+    take it at batch 1 only): exactly as the reference, odd k included; a row at its bound
+    and a negative bound are refused like the reference's, nothing changed, and the next
+    good call resolves. (Run 136 had these read the selection and bound from shared memory:
+    green, and slower; reverted.)"""
     monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", blocks)
     monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", "rank")
-    taken: list[bool] = []
-    decide = kres.lookup_selection
-    monkeypatch.setattr(kres, "lookup_selection", lambda *a: taken.append(decide(*a)) or taken[-1])
     seed = random.randrange(1 << 30)  # fresh inputs every run; printed on failure
     h_ref, h_k, rids = make_pair(seed, batch, 1, 320, 4096, 24, ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(seed)
@@ -523,4 +519,3 @@ def test_one_query_rank_form_reads_its_selection_from_shared_memory_like_the_ref
     bad_vis[batch // 2, 0] = -1
     assert check_round(h_ref, h_k, rids, sel, vis=bad_vis) is None
     assert check_round(h_ref, h_k, rids, sel) is not None
-    assert taken and all(taken), (seed, taken)

@@ -110,35 +110,6 @@ def test_lookup_shared_memory_formula_and_long_histories_fit_an_sm() -> None:
     assert 2 * (lookup_shared_bytes(3125, 4096) + 9472) <= 228 * 1024
 
 
-def test_rank_lookup_takes_its_selection_into_shared_memory_only_where_it_costs_no_block() -> None:
-    """The rank form at K = 1 copies its k entries and its bound (i64, 16-byte aligned start)
-    into shared memory when they fit the block's cap and leave the shape its blocks an SM:
-    the benchmark's 100K-row, B = 4096, k = 2048 requests keep two 512-thread blocks an SM
-    (H200: 228 KB an SM, 1280 static bytes); a history that already fills half an SM does not
-    take it, and neither does one past the cap."""
-    from kernels.resolver import lookup_selection, lookup_shared_bytes, selection_shared_bytes
-
-    base = lookup_shared_bytes(3125, 4096, True)
-    assert base == 70_816
-    assert selection_shared_bytes(base, 2048) == 70_816 + 8 * 2049
-    assert selection_shared_bytes(70_810, 1) == 70_816 + 16  # rounded up to 16 bytes first
-    sm, static, cap = 228 * 1024, 1280, 227 * 1024 - 1280
-    assert lookup_selection(base, 2048, cap, static, 2, sm)
-    assert lookup_selection(base, 2048, cap, static, 1, sm)
-    # 2 blocks an SM fit with 113 KB (less static and the reserved 1 KB) each, not past it
-    edge = sm // 2 - static - 1024
-    assert lookup_selection(edge - 8 * 2049 - 16, 2048, cap, static, 2, sm)
-    assert not lookup_selection(edge - 8 * 2049 + 16, 2048, cap, static, 2, sm)
-    assert lookup_selection(edge - 8 * 2049 + 16, 2048, cap, static, 1, sm)
-    # a base already past two an SM loses nothing more: one block either way
-    assert lookup_selection(edge + 64, 2048, cap, static, 2, sm)
-    # never past the block's cap
-    top = (cap - 8 * 2049) // 16 * 16
-    assert lookup_selection(top, 2048, cap, static, 1, sm)
-    assert not lookup_selection(top + 16, 2048, cap, static, 1, sm)
-    assert not lookup_selection(cap - 8, 0, cap, static, 1, sm)
-
-
 def test_a_misaligned_row_buffer_is_named_as_such() -> None:
     from kernels._loader import vec_width
 
