@@ -126,7 +126,11 @@ __device__ __forceinline__ void lookup_body(
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;
+#if defined(RESOLVER_RANK_CG) || defined(RESOLVER_RANK_CS)
+                r[q] = e < Ke ? (RANK ? RANK_LD(s_b + e) : s_b[e]) : -1;
+#else
                 r[q] = e < Ke ? s_b[e] : -1;
+#endif
                 vis[q] = Kq == 1 ? vis1 : e < Ke ? visible[(i64)b * K + e / k] : 0;
             }
             if (e0 == (int)threadIdx.x) TRACE_DEP(27, r[0]);  // the first selected row arrived

@@ -14,6 +14,17 @@
 // between the cache's loads and the scan's end).
 #include "resolver_common.cuh"
 
+// Loads of data read once into shared memory (the cache, the selection): by default as any
+// load; diagnostic builds: RESOLVER_RANK_CG through L2 only (no L1 line), RESOLVER_RANK_CS
+// evict-first (tma_cost auto_rankcg / auto_rankcs)
+#if defined(RESOLVER_RANK_CG)
+#define RANK_LD(p) __ldcg(p)
+#elif defined(RESOLVER_RANK_CS)
+#define RANK_LD(p) __ldcs(p)
+#else
+#define RANK_LD(p) (*(p))
+#endif
+
 // Fills held_bm [Wp] (rows [0, 32 W)), held_pre [Wp] and ent [B] (entries by rank) for the
 // request of `row`; rk: its hot_rank cache, cap = the cache's bitmap words (table columns
 // T_HOT_RANK and T_RANK_CAP, loaded by the caller with the row's other columns). Every
@@ -52,11 +63,11 @@ __device__ void rank_cache(const i64* row, i64* rk, int B, int W, int Wp, i64 ca
                 const int i = i0 + q * NT;
                 v[q] = make_uint4(0u, 0u, 0u, 0u);
                 if (i < ge) {
-                    v[q] = e4[i];
+                    v[q] = RANK_LD(e4 + i);
                 } else if (i < gb) {
-                    if (i - ge < gl) v[q] = c4[i - ge];
+                    if (i - ge < gl) v[q] = RANK_LD(c4 + (i - ge));
                 } else if (i < n && i - gb < gl) {
-                    const uint2 t = p2[i - gb];
+                    const uint2 t = RANK_LD(p2 + (i - gb));
                     v[q].x = t.x, v[q].y = t.y;
                 }
             }

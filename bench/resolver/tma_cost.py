@@ -133,6 +133,8 @@ VARIANTS = {
     "auto_warmlookup": Variant(None, warm="lookup", misses_ok=False),
     "auto_warmread": Variant(None, warm="read"),
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
+    "auto_rankcg": Variant(None, flags=("-DRESOLVER_RANK_CG",)),
+    "auto_rankcs": Variant(None, flags=("-DRESOLVER_RANK_CS",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
