@@ -126,8 +126,8 @@ __device__ __forceinline__ void lookup_body(
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;
-#if defined(RESOLVER_RANK_CG) || defined(RESOLVER_RANK_CS)
-                r[q] = e < Ke ? (RANK ? RANK_LD(s_b + e) : s_b[e]) : -1;
+#ifdef SEL_LD_ON
+                r[q] = e < Ke ? (RANK ? SEL_LD(s_b + e) : s_b[e]) : -1;
 #else
                 r[q] = e < Ke ? s_b[e] : -1;
 #endif

@@ -14,15 +14,27 @@
 // between the cache's loads and the scan's end).
 #include "resolver_common.cuh"
 
-// Loads of data read once into shared memory (the cache, the selection): by default as any
-// load; diagnostic builds: RESOLVER_RANK_CG through L2 only (no L1 line), RESOLVER_RANK_CS
-// evict-first (tma_cost auto_rankcg / auto_rankcs)
-#if defined(RESOLVER_RANK_CG)
+// Loads of data read once into shared memory or registers: the cache (RANK_LD) and pass 1's
+// selection (SEL_LD). By default as any load; diagnostic builds (tma_cost auto_rankcg*,
+// auto_rankcs): RESOLVER_RANK_CG both through L2 only (no L1 line), RESOLVER_RANK_CG_CACHE /
+// RESOLVER_RANK_CG_SEL only the cache / the selection, RESOLVER_RANK_CS both evict-first,
+// RESOLVER_RANK_CA the cache by global loads that keep their L1 line (by default the
+// compiler's loads of it are generic: its address comes from the table)
+#if defined(RESOLVER_RANK_CG) || defined(RESOLVER_RANK_CG_CACHE)
 #define RANK_LD(p) __ldcg(p)
 #elif defined(RESOLVER_RANK_CS)
 #define RANK_LD(p) __ldcs(p)
+#elif defined(RESOLVER_RANK_CA)
+#define RANK_LD(p) __ldca(p)
 #else
 #define RANK_LD(p) (*(p))
+#endif
+#if defined(RESOLVER_RANK_CG) || defined(RESOLVER_RANK_CG_SEL)
+#define SEL_LD(p) __ldcg(p)
+#define SEL_LD_ON 1
+#elif defined(RESOLVER_RANK_CS)
+#define SEL_LD(p) __ldcs(p)
+#define SEL_LD_ON 1
 #endif
 
 // Fills held_bm [Wp] (rows [0, 32 W)), held_pre [Wp] and ent [B] (entries by rank) for the

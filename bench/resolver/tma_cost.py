@@ -135,6 +135,9 @@ VARIANTS = {
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
     "auto_rankcg": Variant(None, flags=("-DRESOLVER_RANK_CG",)),
     "auto_rankcs": Variant(None, flags=("-DRESOLVER_RANK_CS",)),
+    "auto_rankcg_cache": Variant(None, flags=("-DRESOLVER_RANK_CG_CACHE",)),
+    "auto_rankcg_sel": Variant(None, flags=("-DRESOLVER_RANK_CG_SEL",)),
+    "auto_rankca": Variant(None, flags=("-DRESOLVER_RANK_CA",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
