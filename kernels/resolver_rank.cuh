@@ -14,27 +14,17 @@
 // between the cache's loads and the scan's end).
 #include "resolver_common.cuh"
 
-// Loads of data read once into shared memory or registers: the cache (RANK_LD) and pass 1's
-// selection (SEL_LD). By default as any load; diagnostic builds (tma_cost auto_rankcg*,
-// auto_rankcs): RESOLVER_RANK_CG both through L2 only (no L1 line), RESOLVER_RANK_CG_CACHE /
-// RESOLVER_RANK_CG_SEL only the cache / the selection, RESOLVER_RANK_CS both evict-first,
-// RESOLVER_RANK_CA the cache by global loads that keep their L1 line (by default the
-// compiler's loads of it are generic: its address comes from the table)
-#if defined(RESOLVER_RANK_CG) || defined(RESOLVER_RANK_CG_CACHE)
-#define RANK_LD(p) __ldcg(p)
-#elif defined(RESOLVER_RANK_CS)
-#define RANK_LD(p) __ldcs(p)
-#elif defined(RESOLVER_RANK_CA)
-#define RANK_LD(p) __ldca(p)
-#else
+// The cache's loads: its address comes from the table, so the compiler loads it through
+// generic addresses; as global loads through L2 only (ld.global.cg: read once, into shared
+// memory) batch 160 without misses took 19.7-19.9 us against 20.2-20.4 (656 B) and
+// 20.0-20.2 against 20.3-20.6 (1152 B), 2% misses within their spread; global loads that
+// keep their L1 line read alike, L2-only loads of pass 1's selection gained nothing (H200,
+// 9ee3ad4, runs 137-138, call by call). RESOLVER_RANK_GENERIC (a diagnostic build,
+// tma_cost auto_rankgeneric) builds the generic loads.
+#ifdef RESOLVER_RANK_GENERIC
 #define RANK_LD(p) (*(p))
-#endif
-#if defined(RESOLVER_RANK_CG) || defined(RESOLVER_RANK_CG_SEL)
-#define SEL_LD(p) __ldcg(p)
-#define SEL_LD_ON 1
-#elif defined(RESOLVER_RANK_CS)
-#define SEL_LD(p) __ldcs(p)
-#define SEL_LD_ON 1
+#else
+#define RANK_LD(p) __ldcg(p)
 #endif
 
 // Fills held_bm [Wp] (rows [0, 32 W)), held_pre [Wp] and ent [B] (entries by rank) for the

@@ -133,11 +133,8 @@ VARIANTS = {
     "auto_warmlookup": Variant(None, warm="lookup", misses_ok=False),
     "auto_warmread": Variant(None, warm="read"),
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
-    "auto_rankcg": Variant(None, flags=("-DRESOLVER_RANK_CG",)),
-    "auto_rankcs": Variant(None, flags=("-DRESOLVER_RANK_CS",)),
-    "auto_rankcg_cache": Variant(None, flags=("-DRESOLVER_RANK_CG_CACHE",)),
-    "auto_rankcg_sel": Variant(None, flags=("-DRESOLVER_RANK_CG_SEL",)),
-    "auto_rankca": Variant(None, flags=("-DRESOLVER_RANK_CA",)),
+    "auto_rankgeneric": Variant(None, flags=("-DRESOLVER_RANK_GENERIC",)),
+    "auto_pass1generic": Variant(None, flags=("-DRESOLVER_PASS1_GENERIC",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
