@@ -113,16 +113,6 @@ __device__ __forceinline__ void lookup_body(
     // Row: the row arithmetic past the entry checks -- int where every row of the request
     // fits (small), else i64. The bounds it compares with are clamped to tail_hi: no valid
     // row reaches it. In 32 bits batch 160 without misses took 0.1-0.3 us less (H200, run 121).
-    // PASS1_LD: the loads through the table's pointers as global loads (ld.global.ca: the
-    // caching of the generic loads the compiler makes of them, without the address-space
-    // step); RESOLVER_PASS1_GENERIC (tma_cost auto_pass1generic) builds the generic loads
-#ifdef RESOLVER_PASS1_GENERIC
-#define PASS1_LD(p) (*(p))
-#define PASS1_LDB(p) (*(p))
-#else
-#define PASS1_LD(p) __ldca(p)
-#define PASS1_LDB(p) (__ldca(reinterpret_cast<const unsigned char*>(p)) != 0)
-#endif
     auto pass1 = [&](auto groups, auto narrow) {
         constexpr int G = decltype(groups)::value;
         using Row = typename Pick<decltype(narrow)::value, int, i64>::T;
@@ -165,13 +155,13 @@ __device__ __forceinline__ void lookup_body(
                 // page_map and hot_index beside page_ready (all indexed by the row), not
                 // after it: no dependent round trip; each is unused where it does not apply
                 const bool rest = rw[q] >= 0 && !tail[q];
-                page[q] = rest && mapped && PASS1_LDB(page_ready + pg[q]);
-                pm[q] = rest && mapped ? PASS1_LD(page_map + pg[q]) : 0;
+                page[q] = rest && mapped && page_ready[pg[q]];
+                pm[q] = rest && mapped ? page_map[pg[q]] : 0;
                 if (RANK)
                     hi[q] = rest && rank && rw[q] < n_bits ? rank_entry(held_bm, held_pre, keys, rw[q]) : -1;
                 else
-                    hi[q] = rest && B > 0 && rw[q] < n_bits ? PASS1_LD(hot_index + rw[q]) : -1;
-                loc[q] = tail[q] ? PASS1_LD(tail_locs + tl) : -1;
+                    hi[q] = rest && B > 0 && rw[q] < n_bits ? hot_index[rw[q]] : -1;
+                loc[q] = tail[q] ? tail_locs[tl] : -1;
             }
             if (e0 == (int)threadIdx.x) TRACE_DEP(28, hi[0] ^ loc[0]);  // its lookups done
 #pragma unroll

@@ -19,8 +19,11 @@
 // memory) batch 160 without misses took 19.7-19.9 us against 20.2-20.4 (656 B) and
 // 20.0-20.2 against 20.3-20.6 (1152 B), 2% misses within their spread; global loads that
 // keep their L1 line read alike, L2-only loads of pass 1's selection gained nothing (H200,
-// c94524c and 20b0ca9, runs 137-138, call by call). RESOLVER_RANK_GENERIC (a diagnostic build,
-// tma_cost auto_rankgeneric) builds the generic loads.
+// c94524c and 20b0ca9, runs 137-138, call by call); against this build's generic loads
+// (RESOLVER_RANK_GENERIC, a diagnostic build, tma_cost auto_rankgeneric) 20.0-20.2 against
+// 20.2-20.6 and 19.8-20.1 against 20.0-20.5 (run 139). Global loads of pass 1's loads through
+// the table's pointers (page flags and map, hot_index, tail locations) gained nothing there
+// (batch 1 and 32 within 0.3 us either way) and were not kept.
 #ifdef RESOLVER_RANK_GENERIC
 #define RANK_LD(p) (*(p))
 #else

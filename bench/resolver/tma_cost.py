@@ -134,7 +134,6 @@ VARIANTS = {
     "auto_warmread": Variant(None, warm="read"),
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
     "auto_rankgeneric": Variant(None, flags=("-DRESOLVER_RANK_GENERIC",)),
-    "auto_pass1generic": Variant(None, flags=("-DRESOLVER_PASS1_GENERIC",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
