@@ -23,7 +23,9 @@ blocks first in its grid (``-DRESOLVER_COMMIT_FIRST``, ``*_commitfirst``: the or
 run 105); the table's map_hi at every page (``auto_mapall``: every row divided and its page
 loads issued, as before map_hi); the default path without the copy blocks' preload
 (``auto_early0``); pass 1 in groups of 4 in the 512-thread build's rank kernels
-(``-DRESOLVER_TWO_G4``, ``auto_twog4``: the lookup before run 133); and, as diagnostics,
+(``-DRESOLVER_TWO_G4``, ``auto_twog4``: the lookup before run 133); the rank form's cache
+by the compiler's generic loads (``-DRESOLVER_RANK_GENERIC``, ``auto_rankgeneric``: the
+lookup before run 140); and, as diagnostics,
 the call after an untimed one of the same case on other memory (``auto_warmcode``: lookup
 and commit, ``auto_warmlookup``: the lookup alone; their code in L2 again after the flush)
 or after a sum over 16 MB (``auto_warmread``: the flush's dirty lines evicted, no code of
@@ -43,7 +45,10 @@ when nothing is pending (RESOLVER_STEAL), the code prefetched by the lookup
 (RESOLVER_CODE_PREFETCH: a kernel's own address reads 0 without relocatable device code),
 a commit block's first lines loaded before its wait (RESOLVER_PRETOUCH), 2 or 4 commit
 parts or 16 copy blocks at batch 160, and pass 1's unroll capped in every kernel
-(RESOLVER_PASS1_MAXG, run 132).
+(RESOLVER_PASS1_MAXG, run 132); so were, in runs 136-139, the rank form's selection in shared
+memory (RESOLVER_SEL_GLOBAL), its cache and selection by other load kinds (L2-only,
+evict-first, L1-keeping: RESOLVER_RANK_CG / _CS / _CA / _CG_SEL) and pass 1's loads through
+the table's pointers as global loads (RESOLVER_PASS1_GENERIC).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
