@@ -139,6 +139,7 @@ VARIANTS = {
     "auto_warmread": Variant(None, warm="read"),
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
     "auto_rankgeneric": Variant(None, flags=("-DRESOLVER_RANK_GENERIC",)),
+    "auto_stampglobal": Variant(None, flags=("-DRESOLVER_STAMP_GLOBAL",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
