@@ -69,15 +69,6 @@ __device__ __forceinline__ void copy_block(const i64* __restrict__ table, const 
                             have_pre);
 }
 
-// The stamps' stores: stamp and protect are reached through the table's pointers, so the
-// compiler's stores to them are generic; RESOLVER_STAMP_GLOBAL (a diagnostic build, tma_cost
-// auto_stampglobal) stores them as global stores (st.global)
-#ifdef RESOLVER_STAMP_GLOBAL
-#define STAMP_ST(p, v) __stwb((p), (v))
-#else
-#define STAMP_ST(p, v) (*(p) = (v))
-#endif
-
 // grid: [0, batch * parts) commit blocks, [batch * parts, gridDim.x) copy blocks (n_layers
 // may be 0). Commit block x serves request x % batch, part x / batch: part p stamps the hits
 // of slots [p R, (p + 1) R) (R = B / parts rounded up to whole mask words), part 0 also
@@ -226,8 +217,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                 if (old[q] >= 0 && old[q] < tail_hi) hot_index[old[q]] = -1;
                 hot_index[r[q]] = dst[q] << HOT_SLOT_BITS | slot[q];
                 hot_rows[slot[q]] = r[q];
-                STAMP_ST(stamp + slot[q], epoch);
-                STAMP_ST(protect + slot[q], epoch);
+                stamp[slot[q]] = epoch;
+                protect[slot[q]] = epoch;
             } else {
                 staged_rows[soff + i - nv] = r[q];
             }
@@ -246,8 +237,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         for (int q = 0; q < HM_SLOTS; ++q) {
             const int s = s_lo + threadIdx.x + q * blockDim.x;
             if ((hw[q] >> (s & 31)) & 1u) {  // 0 past s_hi
-                STAMP_ST(stamp + s, epoch);
-                STAMP_ST(protect + s, epoch);
+                stamp[s] = epoch;
+                protect[s] = epoch;
             }
         }
     }
@@ -260,8 +251,8 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         for (int q = 0; q < U; ++q) {
             const int s = s0 + q * blockDim.x;
             if ((w[q] >> (s & 31)) & 1u) {
-                STAMP_ST(stamp + s, epoch);
-                STAMP_ST(protect + s, epoch);
+                stamp[s] = epoch;
+                protect[s] = epoch;
             }
         }
     }

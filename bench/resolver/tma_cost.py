@@ -48,7 +48,8 @@ parts or 16 copy blocks at batch 160, and pass 1's unroll capped in every kernel
 (RESOLVER_PASS1_MAXG, run 132); so were, in runs 136-139, the rank form's selection in shared
 memory (RESOLVER_SEL_GLOBAL), its cache and selection by other load kinds (L2-only,
 evict-first, L1-keeping: RESOLVER_RANK_CG / _CS / _CA / _CG_SEL) and pass 1's loads through
-the table's pointers as global loads (RESOLVER_PASS1_GENERIC).
+the table's pointers as global loads (RESOLVER_PASS1_GENERIC); and, run 141, the commit's
+stamps by global stores (RESOLVER_STAMP_GLOBAL).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -139,7 +140,6 @@ VARIANTS = {
     "auto_warmread": Variant(None, warm="read"),
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
     "auto_rankgeneric": Variant(None, flags=("-DRESOLVER_RANK_GENERIC",)),
-    "auto_stampglobal": Variant(None, flags=("-DRESOLVER_STAMP_GLOBAL",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
