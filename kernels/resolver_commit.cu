@@ -236,9 +236,17 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
 #pragma unroll
         for (int q = 0; q < HM_SLOTS; ++q) {
             const int s = s_lo + threadIdx.x + q * blockDim.x;
+#if defined(RESOLVER_DIAG_NO_HIT_STAMP)
+            if (false) {
+#elif defined(RESOLVER_DIAG_FULL_STAMP)
+            if (s < s_hi) {
+#else
             if ((hw[q] >> (s & 31)) & 1u) {  // 0 past s_hi
+#endif
                 stamp[s] = epoch;
+#ifndef RESOLVER_DIAG_NO_HIT_PROTECT
                 protect[s] = epoch;
+#endif
             }
         }
     }

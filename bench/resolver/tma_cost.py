@@ -140,6 +140,9 @@ VARIANTS = {
     "auto_warmread": Variant(None, warm="read"),
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
     "auto_rankgeneric": Variant(None, flags=("-DRESOLVER_RANK_GENERIC",)),
+    "auto_nostamp": Variant(None, flags=("-DRESOLVER_DIAG_NO_HIT_STAMP",)),
+    "auto_noprotect": Variant(None, flags=("-DRESOLVER_DIAG_NO_HIT_PROTECT",)),
+    "auto_fullstamp": Variant(None, flags=("-DRESOLVER_DIAG_FULL_STAMP",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
