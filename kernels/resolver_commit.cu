@@ -103,6 +103,16 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
                               (int)gridDim.x - n_commit, bi - n_commit, call, totals + R_PRELOADS,
                               c_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
+#if RESOLVER_STAMP_PREFETCH == 2
+    if (bi < batch * parts && threadIdx.x == 0) {  // its slots' stamps and protect flags into L2
+        const int rb0 = bi % batch, part0 = bi / batch;
+        const int span0 = ((B + parts - 1) / parts + 31) & ~31, lo0 = min(B, part0 * span0);
+        const int hi0 = min(B, lo0 + span0);
+        const i64* row0 = table + (i64)rb0 * TCOLS;
+        prefetch_l2_bulk(ptr<const i64>(row0, T_HOT_STAMP) + lo0, (long long)(hi0 - lo0) * 8);
+        prefetch_l2_bulk(ptr<const i64>(row0, T_HOT_PROTECT) + lo0, (long long)(hi0 - lo0) * 8);
+    }
+#endif
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900

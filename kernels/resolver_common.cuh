@@ -142,6 +142,16 @@ __device__ __forceinline__ void prefetch_l2(const void* at) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
 }
 
+// the 16-byte-aligned part of [at, at + bytes) into L2 by the TMA's bulk prefetch (one
+// instruction; a hint, nothing waits for it)
+__device__ __forceinline__ void prefetch_l2_bulk(const void* at, long long bytes) {
+#if __CUDA_ARCH__ >= 900
+    const unsigned long long lo = ((unsigned long long)at + 15) & ~15ull;
+    const unsigned long long hi = ((unsigned long long)at + bytes) & ~15ull;
+    if (hi > lo) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"((unsigned)(hi - lo)) : "memory");
+#endif
+}
+
 // Release store / acquire load of one 64-bit word at GPU scope (a flag between blocks of
 // different grids that run at the same time).
 __device__ __forceinline__ void st_release(i64* at, i64 v) {

@@ -143,6 +143,9 @@ VARIANTS = {
     "auto_nostamp": Variant(None, flags=("-DRESOLVER_DIAG_NO_HIT_STAMP",)),
     "auto_noprotect": Variant(None, flags=("-DRESOLVER_DIAG_NO_HIT_PROTECT",)),
     "auto_fullstamp": Variant(None, flags=("-DRESOLVER_DIAG_FULL_STAMP",)),
+    "auto_stamppf_lookup": Variant(None, flags=("-DRESOLVER_STAMP_PREFETCH=1",)),
+    "auto_stamppf_commit": Variant(None, flags=("-DRESOLVER_STAMP_PREFETCH=2",)),
+    "auto_stamppf_lines": Variant(None, flags=("-DRESOLVER_STAMP_PREFETCH=3",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
