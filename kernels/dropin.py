@@ -63,7 +63,6 @@ def table_rows(states: Sequence) -> list[list[int]]:
         table_row(
             hot_rows=s.hot_rows.data_ptr(),
             hot_stamp=s.hot_stamp.data_ptr(),
-            hot_protect=s.hot_protect.data_ptr(),
             hot_locs=s.hot_locs.data_ptr(),
             tail_locs=s.tail_locs.data_ptr(),
             page_map=s.page_map.data_ptr(),

@@ -103,16 +103,6 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
                               (int)gridDim.x - n_commit, bi - n_commit, call, totals + R_PRELOADS,
                               c_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
-#if RESOLVER_STAMP_PREFETCH == 2
-    if (bi < batch * parts && threadIdx.x == 0) {  // its slots' stamps and protect flags into L2
-        const int rb0 = bi % batch, part0 = bi / batch;
-        const int span0 = ((B + parts - 1) / parts + 31) & ~31, lo0 = min(B, part0 * span0);
-        const int hi0 = min(B, lo0 + span0);
-        const i64* row0 = table + (i64)rb0 * TCOLS;
-        prefetch_l2_bulk(ptr<const i64>(row0, T_HOT_STAMP) + lo0, (long long)(hi0 - lo0) * 8);
-        prefetch_l2_bulk(ptr<const i64>(row0, T_HOT_PROTECT) + lo0, (long long)(hi0 - lo0) * 8);
-    }
-#endif
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
 #if __CUDA_ARCH__ >= 900
@@ -130,7 +120,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     const i64* sm = summary + (i64)rb * SCOLS;
     const i64* row = table + (i64)rb * TCOLS;
     i64 su = 0, m = 0, nv = 0, nhit = 0, off = 0, soff = 0;
-    i64 *hot_rows = nullptr, *stamp = nullptr, *protect = nullptr, *hot_index = nullptr;
+    i64 *hot_rows = nullptr, *stamp = nullptr, *hot_index = nullptr;
     const i64* hot_locs = nullptr;
     i64 tail_hi = 0;
     unsigned hw[HM_SLOTS];
@@ -138,7 +128,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     if (commit_block) {
         su = sm[S_U], m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT];
         hot_rows = ptr<i64>(row, T_HOT_ROWS), stamp = ptr<i64>(row, T_HOT_STAMP);
-        protect = ptr<i64>(row, T_HOT_PROTECT), hot_locs = ptr<const i64>(row, T_HOT_LOCS);
+        hot_locs = ptr<const i64>(row, T_HOT_LOCS);
         hot_index = ptr<i64>(row, T_HOT_INDEX), tail_hi = row[T_TAIL_HI];
         if (!sums_here) off = copy_off[rb], soff = stage_off[rb];
     }
@@ -228,7 +218,6 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
                 hot_index[r[q]] = dst[q] << HOT_SLOT_BITS | slot[q];
                 hot_rows[slot[q]] = r[q];
                 stamp[slot[q]] = epoch;
-                protect[slot[q]] = epoch;
             } else {
                 staged_rows[soff + i - nv] = r[q];
             }
@@ -246,18 +235,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
 #pragma unroll
         for (int q = 0; q < HM_SLOTS; ++q) {
             const int s = s_lo + threadIdx.x + q * blockDim.x;
-#if defined(RESOLVER_DIAG_NO_HIT_STAMP)
-            if (false) {
-#elif defined(RESOLVER_DIAG_FULL_STAMP)
-            if (s < s_hi) {
-#else
-            if ((hw[q] >> (s & 31)) & 1u) {  // 0 past s_hi
-#endif
-                stamp[s] = epoch;
-#ifndef RESOLVER_DIAG_NO_HIT_PROTECT
-                protect[s] = epoch;
-#endif
-            }
+            if ((hw[q] >> (s & 31)) & 1u) stamp[s] = epoch;  // 0 past s_hi
         }
     }
     const int hm_done = s_lo + HM_SLOTS * blockDim.x;
@@ -268,10 +246,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
 #pragma unroll
         for (int q = 0; q < U; ++q) {
             const int s = s0 + q * blockDim.x;
-            if ((w[q] >> (s & 31)) & 1u) {
-                stamp[s] = epoch;
-                protect[s] = epoch;
-            }
+            if ((w[q] >> (s & 31)) & 1u) stamp[s] = epoch;
         }
     }
     TRACE_AT(19, bi);  // victims / hits stamped

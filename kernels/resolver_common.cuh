@@ -20,7 +20,7 @@
 //   launch 2  resolve_commit      grid = batch x parts commit blocks + copy blocks
 //             commit block (b, part): victims take the misses (ascending rows; hot_index
 //             follows: the evicted rows leave it, the misses enter), hit and victim
-//             slots get stamp = protect = epoch (each part stamps the hits of its share of
+//             slots get stamp = epoch (each part stamps the hits of its share of
 //             the slots), staged rows take stage_locs in order, locations are finished in
 //             selection order, the plan's copy list is written (part 0).
 //             copy blocks: the union of every request's misses, flattened into 16-byte
@@ -59,8 +59,8 @@ template <> struct Vec<4> { using T = unsigned int; };
 // request table columns (int64 [batch, TCOLS], built by kernels/resolver.py)
 // T_MAP_HI: logical pages at or past it hold no physical page (page_map -1, page_ready
 // false; RequestState.map_hi), so the lookup loads neither for rows at or past map_hi * p
-enum { T_HOT_ROWS, T_HOT_STAMP, T_HOT_PROTECT, T_HOT_LOCS, T_TAIL_LOCS, T_PAGE_MAP, T_PAGE_READY,
-       T_HOT_INDEX, T_HOT_RANK, T_RANK_CAP, T_TAIL_LO, T_TAIL_HI, T_MAP_HI, TCOLS };
+enum { T_HOT_ROWS, T_HOT_STAMP, T_HOT_LOCS, T_TAIL_LOCS, T_PAGE_MAP, T_PAGE_READY, T_HOT_INDEX,
+       T_HOT_RANK, T_RANK_CAP, T_TAIL_LO, T_TAIL_HI, T_MAP_HI, TCOLS };
 // hot_index [max_rows] (request.py): -1, or hot_locs[s] << HOT_SLOT_BITS | s for the slot s
 // holding the row; kept the inverse of hot_rows by the commit and the promotion
 #define HOT_SLOT_BITS 20
@@ -140,16 +140,6 @@ template <typename T> __device__ __forceinline__ T* ptr(const i64* row, int col)
 
 __device__ __forceinline__ void prefetch_l2(const void* at) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
-}
-
-// the 16-byte-aligned part of [at, at + bytes) into L2 by the TMA's bulk prefetch (one
-// instruction; a hint, nothing waits for it)
-__device__ __forceinline__ void prefetch_l2_bulk(const void* at, long long bytes) {
-#if __CUDA_ARCH__ >= 900
-    const unsigned long long lo = ((unsigned long long)at + 15) & ~15ull;
-    const unsigned long long hi = ((unsigned long long)at + bytes) & ~15ull;
-    if (hi > lo) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"((unsigned)(hi - lo)) : "memory");
-#endif
 }
 
 // Release store / acquire load of one 64-bit word at GPU scope (a flag between blocks of

@@ -90,18 +90,6 @@ __device__ __forceinline__ void lookup_body(
         for (int i = threadIdx.x; i * 16 < pages; i += NT) prefetch_l2(page_map + i * 16);
         for (int i = threadIdx.x; i * 128 < pages; i += NT) prefetch_l2(page_ready + i * 128);
     }
-#if RESOLVER_STAMP_PREFETCH == 1
-    if (threadIdx.x == 0 && B > 0) {  // the slots' stamps and protect flags into L2 for the commit
-        prefetch_l2_bulk(ptr<const i64>(row, T_HOT_STAMP), (long long)B * 8);
-        prefetch_l2_bulk(ptr<const i64>(row, T_HOT_PROTECT), (long long)B * 8);
-    }
-#endif
-#if RESOLVER_STAMP_PREFETCH == 3
-    if (B > 0) {  // the same by one line prefetch per thread
-        const i64 *st = ptr<const i64>(row, T_HOT_STAMP), *pr = ptr<const i64>(row, T_HOT_PROTECT);
-        for (int i = threadIdx.x; i * 16 < B; i += NT) prefetch_l2(st + i * 16), prefetch_l2(pr + i * 16);
-    }
-#endif
     bitmap_fill(miss_bm, nullptr, Wp + Hp);
     if (threadIdx.x < 8) cnt[threadIdx.x] = 0u;
     TRACE_DEP(13, tail_hi);  // the table's row arrived

@@ -7,7 +7,7 @@
 //
 // The definition (promotion._promote_one): rows in order; a row already held by a slot is
 // skipped; otherwise it takes the first slot in (stamp, slot) order among the slots with
-// stamp < epoch and protect <= finished_epoch, whose stamp becomes the epoch (it leaves
+// stamp < epoch and stamp <= finished_epoch (not protected), whose stamp becomes the epoch (it leaves
 // that set). So the eligible order E is fixed at the start and the j-th promoted row
 // takes E[j]. Fast path (every resolve stages distinct misses): no staged row repeats and
 // none is held -- found with two bitmaps over source rows -- so row i takes E[i] in
@@ -41,7 +41,6 @@ __device__ __forceinline__ void promote_body(const i64* __restrict__ table, cons
     const i64* row = table + (i64)blockIdx.x * TCOLS;
     i64* hot_rows = ptr<i64>(row, T_HOT_ROWS);
     i64* hot_stamp = ptr<i64>(row, T_HOT_STAMP);
-    const i64* hot_protect = ptr<const i64>(row, T_HOT_PROTECT);
     const i64* hot_locs = ptr<const i64>(row, T_HOT_LOCS);
     i64* hot_index = ptr<i64>(row, T_HOT_INDEX);
     const i64 tail_hi = row[T_TAIL_HI];
@@ -56,7 +55,7 @@ __device__ __forceinline__ void promote_body(const i64* __restrict__ table, cons
         unsigned long long key = ~0ull;
         if (s < B) {
             const i64 r = hot_rows[s], st = hot_stamp[s];
-            if (st < epoch && hot_protect[s] <= finished_epoch) {
+            if (st < epoch && st <= finished_epoch) {
                 key = ((unsigned long long)st << 20) | (unsigned)s;
                 ++n_elig;
             }

@@ -181,23 +181,21 @@ __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const
         published = true;
     }
     const i64* stamp = ptr<const i64>(row, T_HOT_STAMP);
-    const i64* protect = ptr<const i64>(row, T_HOT_PROTECT);
     unsigned n_cands = 0;
     unsigned long long kor = 0, kand = ~0ull;
     for (int s0 = threadIdx.x; s0 < Bp; s0 += NT * UL) {
-        i64 pr[UL], st[UL];
+        i64 st[UL];
         bool pend[UL];
 #pragma unroll
         for (int q = 0; q < UL; ++q) {
             const int s = s0 + q * NT;
             pend[q] = s < B && !test_bit(hit_bm, s);
-            pr[q] = pend[q] ? protect[s] : 0;
             st[q] = pend[q] ? stamp[s] : 0;
         }
 #pragma unroll
         for (int q = 0; q < UL; ++q) {
             const int s = s0 + q * NT;
-            const bool cand = pend[q] && pr[q] <= finished_epoch;
+            const bool cand = pend[q] && st[q] <= finished_epoch;  // unprotected
             const unsigned long long key = ((unsigned long long)st[q] << 20) | (unsigned)s;
             keys[s] = cand ? key : ~0ull;
             n_cands += cand;

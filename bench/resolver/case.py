@@ -69,7 +69,7 @@ class Case:
             tail_rows=TAIL_ROWS,
             page_rows=PAGE_ROWS,
             rows_bound=st.tail_lo,
-            finished_epoch=0,
+            finished_epoch=st.finished_epoch,
             select=self.select,
             host_totals=False,  # sync-free: the commit sums the batch
         )
@@ -83,7 +83,7 @@ class Case:
             self.locs,
             st.stage_locs,
             self.out,
-            epoch=1,
+            epoch=st.epoch,
             hot_slots=st.B,
             host_ptrs=self.host_ptrs,
             payloads=self.payloads,

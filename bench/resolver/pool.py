@@ -112,7 +112,6 @@ class State:
         i64 = dict(dtype=torch.int64, device=dev)
         self.hot_rows = torch.empty(P, B, **i64)
         self.stamp = torch.empty(P, B, **i64)
-        self.protect = torch.zeros(P, B, **i64)
         self.hot_locs = torch.arange(P * B, **i64).view(P, B)
         self.hot_index = torch.full((P, S), -1, **i64)  # row -> packed hot slot (request.py)
         self.hot_rank = new_rank_cache(S, B, dev, P)  # the rank form's cache (request.py)
@@ -123,7 +122,10 @@ class State:
         pages = -(-S // PAGE_ROWS)
         self.page_map = torch.full((P, pages), -1, **i64)
         self.page_ready = torch.zeros(P, pages, dtype=torch.bool, device=dev)
-        self.stamp0 = torch.arange(1, B + 1, **i64).repeat(P, 1)  # LRU order = slot order
+        # LRU order = slot order; every stamp an epoch whose readers finished: no
+        # slot is protected (request.py), the calls' epoch is past them all
+        self.stamp0 = torch.arange(1, B + 1, **i64).repeat(P, 1)
+        self.finished_epoch, self.epoch = B, B + 1
         self.stage_locs = torch.arange(
             P * B + P * TAIL_ROWS, P * B + P * TAIL_ROWS + STAGING_ROWS, **i64
         )
@@ -139,7 +141,6 @@ class State:
             table_row(
                 hot_rows=self.hot_rows[r].data_ptr(),
                 hot_stamp=self.stamp[r].data_ptr(),
-                hot_protect=self.protect[r].data_ptr(),
                 hot_locs=self.hot_locs[r].data_ptr(),
                 tail_locs=self.tail_locs[r].data_ptr(),
                 page_map=self.page_map[r].data_ptr(),
@@ -173,7 +174,6 @@ class State:
             self.hot_rows.copy_(self.res)
             self.hot_index.scatter_(1, self.res, self.res_index)
             self.stamp.copy_(self.stamp0)
-        self.protect.zero_()
 
     def selection(self, bs: int, K: int, k: int, m: int, i: int, cold: bool) -> torch.Tensor:
         """[bs, K, k]: k - m resident rows + this call's window of m never-read rows (shuffled);

@@ -48,8 +48,11 @@ parts or 16 copy blocks at batch 160, and pass 1's unroll capped in every kernel
 (RESOLVER_PASS1_MAXG, run 132); so were, in runs 136-139, the rank form's selection in shared
 memory (RESOLVER_SEL_GLOBAL), its cache and selection by other load kinds (L2-only,
 evict-first, L1-keeping: RESOLVER_RANK_CG / _CS / _CA / _CG_SEL) and pass 1's loads through
-the table's pointers as global loads (RESOLVER_PASS1_GENERIC); and, run 141, the commit's
-stamps by global stores (RESOLVER_STAMP_GLOBAL).
+the table's pointers as global loads (RESOLVER_PASS1_GENERIC); run 141, the commit's
+stamps by global stores (RESOLVER_STAMP_GLOBAL); and, runs 142-143, the hit stamping's
+diagnostics (RESOLVER_DIAG_NO_HIT_STAMP / _NO_HIT_PROTECT / _FULL_STAMP: no stamps, no
+protect flags -- the store pattern since the flags went --, every slot stamped) and the
+stamps prefetched into L2 by the lookup or the commit (RESOLVER_STAMP_PREFETCH=1-3).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -140,12 +143,6 @@ VARIANTS = {
     "auto_warmread": Variant(None, warm="read"),
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
     "auto_rankgeneric": Variant(None, flags=("-DRESOLVER_RANK_GENERIC",)),
-    "auto_nostamp": Variant(None, flags=("-DRESOLVER_DIAG_NO_HIT_STAMP",)),
-    "auto_noprotect": Variant(None, flags=("-DRESOLVER_DIAG_NO_HIT_PROTECT",)),
-    "auto_fullstamp": Variant(None, flags=("-DRESOLVER_DIAG_FULL_STAMP",)),
-    "auto_stamppf_lookup": Variant(None, flags=("-DRESOLVER_STAMP_PREFETCH=1",)),
-    "auto_stamppf_commit": Variant(None, flags=("-DRESOLVER_STAMP_PREFETCH=2",)),
-    "auto_stamppf_lines": Variant(None, flags=("-DRESOLVER_STAMP_PREFETCH=3",)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)

@@ -27,7 +27,7 @@ def test_the_benchmarks_table_names_each_column_the_kernels_read() -> None:
     assert table.shape == (2, len(TABLE_COLUMNS))
     for r in range(2):
         for name, t in (("hot_rows", st.hot_rows), ("hot_stamp", st.stamp),
-                        ("hot_protect", st.protect), ("hot_locs", st.hot_locs),
+                        ("hot_locs", st.hot_locs),
                         ("tail_locs", st.tail_locs), ("page_map", st.page_map),
                         ("page_ready", st.page_ready), ("hot_index", st.hot_index),
                         ("hot_rank", st.hot_rank)):

@@ -162,9 +162,9 @@ def test_a_table_row_takes_every_column_by_name_in_the_kernels_order() -> None:
     with pytest.raises(TypeError, match=r"missing \['tail_hi'\], unknown \['tail_high'\]"):
         kres.table_row(**{**{c: 0 for c in kres.TABLE_COLUMNS if c != "tail_hi"},
                           "tail_high": 0})
-    t = {c: torch.zeros(2, dtype=torch.int64) for c in ("hot_rows", "hot_stamp", "hot_protect",
-                                                        "hot_locs", "tail_locs", "page_map",
-                                                        "page_ready", "hot_index", "hot_rank")}
+    t = {c: torch.zeros(2, dtype=torch.int64) for c in ("hot_rows", "hot_stamp", "hot_locs",
+                                                        "tail_locs", "page_map", "page_ready",
+                                                        "hot_index", "hot_rank")}
     state = SimpleNamespace(**t, max_rows=1000, tail_lo=7, tail_hi=9, map_hi=5)
     (row,) = dropin.table_rows([state])
     at = {c: i for i, c in enumerate(kres.TABLE_COLUMNS)}

@@ -85,7 +85,7 @@ def test_kernel_equals_one_by_one_on_small_groups(data) -> None:
         # bumps once per promoted row, the kernel once per block)
         assert (int(s.hot_rank[RANK_VERSION]) != version[rid]) == (
             int(r.hot_rank[RANK_VERSION]) != version[rid]), rid
-        for f in ("hot_rows", "hot_stamp", "hot_protect"):
+        for f in ("hot_rows", "hot_stamp"):
             assert torch.equal(getattr(s, f), getattr(r, f)), (rid, f)
         if indexed:  # the index is defined under I4 only (the drawn hot rows may repeat)
             assert torch.equal(s.hot_index, r.hot_index), rid
@@ -96,8 +96,9 @@ def test_kernel_equals_one_by_one_on_small_groups(data) -> None:
 
 def _big_group(seed: int, hot: int, requests: int, per_block: int, waves: int,
                held_frac: float, row_bytes: int, device: str = "cuda") -> Harness:
-    """``requests`` requests with random hot caches (distinct rows, random stamps and
-    protection) and ``waves`` staged blocks each of ascending rows, some already held."""
+    """``requests`` requests with random hot caches (distinct rows, random stamps, some
+    past finished_epoch: protected) and ``waves`` staged blocks each of ascending rows,
+    some already held."""
     rng = random.Random(seed)
     p = 64
     h = Harness(device, policy="hisparse", row_bytes=row_bytes, seed=seed, page_rows=p,
@@ -110,13 +111,14 @@ def _big_group(seed: int, hot: int, requests: int, per_block: int, waves: int,
     universe = 2 * hot + 1000  # committed rows (I4: hot rows are), well over B
     for rid in rids:
         h.admit(rid, universe, universe)
-    g.clock = g.finished_epoch = epoch
+    g.clock, g.finished_epoch = epoch + 2, epoch  # stamps past epoch: protected slots
     for rid in rids:
         s = g.request(rid)
         rows = rng.sample(range(universe), hot)
         s.hot_rows[:] = torch.tensor([r if rng.random() < 0.9 else -1 for r in rows])
-        s.hot_stamp[:] = torch.tensor([rng.choice([0, rng.randrange(epoch)]) for _ in rows])
-        s.hot_protect[:] = torch.tensor([rng.randrange(epoch + 2) for _ in rows])
+        s.hot_stamp[:] = torch.tensor([rng.choice([0, rng.randrange(epoch)])
+                                       if rng.random() >= 0.05 else epoch + 1 + rng.randrange(2)
+                                       for _ in rows])
         reindex_hot(s)
     for w in range(waves):
         for rid in rids:

@@ -137,6 +137,9 @@ def assert_ordering(group: SourceGroup) -> None:
             assert page in group.pages.kind, f"I4: {rid!r} maps free page {page}"
         held = state.hot_rows.cpu()[state.hot_rows.cpu() >= 0]
         assert held.unique().numel() == held.numel(), f"I4: {rid!r} row in two hot slots"
+        # a slot is protected while its stamp is past finished_epoch (request.py): stamps
+        # are epochs opened by resolves
+        assert not bool((state.hot_stamp > group.clock).any()), f"I4: {rid!r} stamp ahead"
         assert_hot_index(state)
         assert_hot_rank(state)
         backed = group.backed_mask(state)

@@ -4,9 +4,12 @@ All tensors live on the group's device (the kernels read them); ``B = hot_slots`
 ``T = tail_rows``, ``P = ceil(max_rows / page_rows)`` logical pages of the history::
 
     hot_rows     int64 [B]  source row held by each hot slot, -1 = empty
-    hot_stamp    int64 [B]  LRU stamp: epoch of the slot's last use (0 = never)
-    hot_protect  int64 [B]  epoch of the last resolve that returned the slot; the slot
-                            is protected while hot_protect > group.finished_epoch
+    hot_stamp    int64 [B]  epoch of the slot's last use (0 = never): the LRU order, and
+                            the slot's protection: it is protected while hot_stamp >
+                            group.finished_epoch. A resolve stamps the slots it returns with
+                            its epoch; promotion stamps a slot only with an epoch whose
+                            readers finished (release_staging's precondition), so a promoted
+                            slot is not protected, as before it was promoted
     hot_locs     int64 [B]  pool row of each hot slot (fixed at admission)
     hot_index    int64 [max_rows]  the inverse of hot_rows: hot_locs[s] << 20 | s for the
                             slot s holding the row, -1 for a row no slot holds (derived
@@ -59,7 +62,6 @@ class RequestState:
     tail_hi: int
     hot_rows: torch.Tensor
     hot_stamp: torch.Tensor
-    hot_protect: torch.Tensor
     hot_locs: torch.Tensor
     hot_index: torch.Tensor
     hot_rank: torch.Tensor
@@ -112,7 +114,6 @@ def new_request_state(
         tail_hi=imported_rows,
         hot_rows=torch.full((hot_slots,), -1, dtype=torch.int64, device=device),
         hot_stamp=torch.zeros(hot_slots, dtype=torch.int64, device=device),
-        hot_protect=torch.zeros(hot_slots, dtype=torch.int64, device=device),
         hot_locs=rows[:hot_slots].clone(),
         hot_index=torch.full((max_rows if hot_slots else 0,), -1, dtype=torch.int64, device=device),
         hot_rank=new_rank_cache(max_rows, hot_slots, device),

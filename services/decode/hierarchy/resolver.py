@@ -16,9 +16,10 @@ Per request r (requests are independent; only the staging arena is shared):
    ready optional page g -> ``page_map[g] * p + row % p``. If every entry resolved here
    the lookup is *direct* and steps 2-3 are skipped (no LRU state changes).
 2. hot: ``D`` = sorted distinct remaining rows (the union over the K queries, eq. 6).
-   Rows found in ``hot_rows`` (scan bounded by B) are hits: stamp = protect = epoch.
+   Rows found in ``hot_rows`` (scan bounded by B) are hits: stamp = epoch (so protected
+   until the readers of this epoch finish).
 3. host: the remaining rows (ascending) take victim slots — the first in LRU order of
-   the unprotected (``hot_protect <= finished_epoch``) slots not hit this round, by
+   the unprotected (``hot_stamp <= finished_epoch``) slots not hit this round, by
    (stamp, slot) ascending — in slot order (every victim gets this epoch's stamp, so no
    pairing is more LRU than another; the kernel lists slot order from a bitmap instead of
    ranking the victims by key, kernels/resolver_lookup.cu); rows beyond the victims go to
@@ -222,7 +223,7 @@ def _lookup(group: SourceGroup, state: RequestState, sel: torch.Tensor) -> _Look
     hit = match.any(dim=1)
     need_hit_slot = torch.where(hit, match.to(torch.int8).argmax(dim=1), -1)
     # step 3: misses take the unprotected LRU victims (in slot order), the rest go to staging
-    candidates = (state.hot_protect <= group.finished_epoch) & ~match.any(dim=0)
+    candidates = (state.hot_stamp <= group.finished_epoch) & ~match.any(dim=0)
     misses = need[~hit]
     victims = lru_order(state.hot_stamp, candidates)[: misses.numel()].sort().values
     entry_hit = hit[torch.searchsorted(need, flat[rest])]
@@ -244,7 +245,6 @@ def _commit_lookup(
     set_hot_rows(state, lu.victims, lu.misses[:n_hot])
     touched = torch.cat([hit_slots, lu.victims])
     state.hot_stamp[touched] = epoch
-    state.hot_protect[touched] = epoch
     staged_rows = lu.misses[n_hot:]
     staged_locs = group.staging.acquire(state.request_id, staged_rows, epoch)
     dst = torch.cat([state.hot_locs[lu.victims], staged_locs.to(group.device)])
