@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.common.errors import ResourceExhausted
 from services.decode.hierarchy import release_staging
 from services.decode.hierarchy.invariants import assert_hot_index
 from services.decode.hierarchy.promotion import _promote_one
@@ -138,3 +139,33 @@ def test_arena_is_a_fifo_free_queue_with_staged_rows_in_acquisition_order(ops) -
         assert {loc: (e.request_id, e.row, e.epoch) for loc, e in arena.staged.items()} == staged
         assert list(arena.staged) == list(staged)
         assert sorted(arena.all_locs()) == list(range(100, 108))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_the_stamp_protects_the_slots_the_protect_flags_did(data) -> None:
+    """Before e72ddf3 a resolve also wrote its epoch to a protect flag of each slot it
+    stamped, nothing else wrote the flags, and a slot was protected while its flag was past
+    finished_epoch. Resolves with more misses than unprotected slots (the rest staged),
+    readers finishing part of the way and promotions, in any order: flags kept beside the
+    state protect the slots the stamps protect after every step."""
+    h = Harness("cpu", policy="hisparse", layers=1, hot_slots=4, staging_rows=24)
+    g = h.group
+    s = h.admit("a", 40, 32)  # rows below tail_lo = 32 resolve through the hot cache
+    flags = torch.zeros_like(s.hot_stamp)
+    for _ in range(data.draw(st.integers(1, 14), label="steps")):
+        op = data.draw(st.sampled_from(["resolve", "resolve", "finish", "release"]))
+        if op == "resolve":
+            rows = data.draw(st.lists(st.integers(0, 31), min_size=1, max_size=6))
+            before = s.hot_stamp.clone()
+            try:
+                h.resolve(["a"], [[rows]])
+            except ResourceExhausted:  # staging full: nothing changed
+                assert torch.equal(s.hot_stamp, before)
+            flags = torch.where(s.hot_stamp != before, s.hot_stamp, flags)  # slots it returned
+        elif op == "finish":
+            g.readers_finished(data.draw(st.integers(g.finished_epoch, g.clock)))
+        elif g.staging.max_epoch <= g.finished_epoch:
+            release_staging(g)
+        assert torch.equal(flags > g.finished_epoch, s.hot_stamp > g.finished_epoch)
+        h.check()

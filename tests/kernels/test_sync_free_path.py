@@ -53,6 +53,7 @@ def sync_free_round(h: Harness, ws, rids: list[str], sel: torch.Tensor, host_tot
         return {}
     kres.commit(ws, table, sel, locs, stage, out, epoch=g.clock + 1, hot_slots=g.hot_slots,
                 host_ptrs=host, payloads=pay, row_bytes=g.spec.row_bytes, dependent=True)
+    g.clock += 1  # the epoch the round opened, as the drop-in's resolve (I4: stamps <= clock)
     torch.cuda.synchronize()
     p = kres.R_PEND + 2 * ws.parity
     return {
