@@ -95,6 +95,7 @@ class Variant(NamedTuple):
     warm: str | None = None  # after the flush, one untimed "call" (or "lookup") of the same
     # case on a State of its own: the kernels' code (and none of the timed call's data) in L2;
     # "read": a sum over 16 MB of other memory (the flush's dirty lines out, no code of ours)
+    queries: int = 1  # K: identical queries per request (the K = 8 target: one copy per row)
 
 
 VARIANTS = {
@@ -143,6 +144,7 @@ VARIANTS = {
     "auto_warmread": Variant(None, warm="read"),
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
     "auto_rankgeneric": Variant(None, flags=("-DRESOLVER_RANK_GENERIC",)),
+    "auto_k8": Variant(None, queries=8),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
@@ -289,7 +291,8 @@ def main() -> None:
         raise SystemExit(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
     for prof in {p for _, p in cases}:  # no call reads a row an earlier one of its round read
         m, n = missed_rows(prof, k), sum(p == prof for _, p in cases)
-        need, have = n * windows_needed(names, args.reps, m > 0), windows_of(S, B, k, m, False)
+        cold = prof == "cold"
+        need, have = n * windows_needed(names, args.reps, m > 0), windows_of(S, B, k, m, cold)
         if need > have:
             raise SystemExit(f"{prof}: {n} case(s) x these variants x (--reps {args.reps} + "
                              f"{UNTIMED}) calls need {need} row windows a round, a state has "
@@ -314,8 +317,11 @@ def main() -> None:
             offs = dict.fromkeys((p for _, p in cases), 0)  # next window, by profile
             for bs, prof in cases:
                 m = missed_rows(prof, k)
-                case, off = Case(st, host, pool, item, bs, 1, k, m, False), offs[prof]
+                cold = prof == "cold"  # every selected row never read, no row resident
+                case, off = Case(st, host, pool, item, bs, 1, k, m, cold), offs[prof]
                 run = [n for n in names if not m or VARIANTS[n].misses_ok]
+                by_k = {K: Case(st, host, pool, item, bs, K, k, m, cold)  # Variant.queries
+                        for K in {VARIANTS[n].queries for n in run} - {1}} | {1: case}
                 warm = None  # Variant.warm: the same case on a State of its own (hits only)
                 reader = torch.ones(4 << 20, device=dev) if any(
                     VARIANTS[n].warm == "read" for n in run) else None
@@ -325,8 +331,9 @@ def main() -> None:
                     warm = Case(wst, host, wpool, item, bs, 1, k, 0, False)
                     warm.before(0)
 
-                def use(name: str, case=case, pages=st.page_map.shape[1]) -> None:
+                def use(name: str, by_k=by_k, pages=st.page_map.shape[1]) -> Case:
                     v = VARIANTS[name]
+                    case = by_k[v.queries]
                     wrap.lookup_carveout = v.lookup_carveout
                     wrap.commit_carveout = v.commit_carveout
                     wrap.shared = kres.TMA_ROWS * item if v.shared == "tma" else v.shared
@@ -335,19 +342,20 @@ def main() -> None:
                     kres.launched_copy_blocks = (floored_copy_blocks(v.copy_floor)
                                                  if v.copy_floor else launched)
                     case.table[:, map_at] = pages if v.map_all else 0
+                    return case
 
                 # each variant: its check and warm-up calls, then its timed calls, each call
                 # on its own row window from the variant's first one
                 first, ok, ts = {}, {}, {n: [] for n in run}
                 for name in run:
-                    use(name)
-                    first[name], ok[name] = off, case.check(off)["ok"]
-                    time_gpu(lambda i, o=off, c=case: c.call(i + o + 1), 0, WARMUP,
-                             before=lambda i, o=off, c=case: c.before(i + o + 1))
+                    c = use(name)
+                    first[name], ok[name] = off, c.check(off)["ok"]
+                    time_gpu(lambda i, o=off, c=c: c.call(i + o + 1), 0, WARMUP,
+                             before=lambda i, o=off, c=c: c.before(i + o + 1))
                     off += UNTIMED + args.reps
                     wrap.end_variant()
                 for name, r in schedule(run, args.reps, bool(args.interleave)):
-                    use(name)
+                    c = use(name)
                     w = first[name] + UNTIMED + r  # the call's own row window
                     fl = flush
                     if VARIANTS[name].warm:
@@ -357,8 +365,8 @@ def main() -> None:
                                 reader.sum()
                             else:
                                 getattr(warm, how)(0)
-                    ts[name] += time_gpu(lambda i, w=w, c=case: c.call(w), 1, 0,
-                                         before=lambda i, w=w, c=case: c.before(w), flush=fl)
+                    ts[name] += time_gpu(lambda i, w=w, c=c: c.call(w), 1, 0,
+                                         before=lambda i, w=w, c=c: c.before(w), flush=fl)
                     wrap.end_variant()
                 for name in run:
                     us = statistics.median(ts[name])
@@ -369,7 +377,7 @@ def main() -> None:
                           f"ok={ok[name]} ({time.time() - t0:.0f}s)", flush=True)
                 write_json(args.out, rec)
                 offs[prof] = off
-                del case, warm, reader
+                del case, by_k, warm, reader
             del st, pool
     finally:
         wrap.restore()
