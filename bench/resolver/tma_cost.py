@@ -147,6 +147,9 @@ VARIANTS = {
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
     "auto_rankgeneric": Variant(None, flags=("-DRESOLVER_RANK_GENERIC",)),
     "auto_k8": Variant(None, queries=8),
+    "auto_k8_unroll8": Variant(None, flags=("-DRESOLVER_SAME_UNROLL8",), queries=8),
+    "auto_k8_nocheck": Variant(None, flags=("-DRESOLVER_DIAG_ASSUME_SAME",), queries=8),
+    "auto_k8_nocopy": Variant(None, flags=("-DRESOLVER_DIAG_NO_LOC_COPY",), queries=8),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
