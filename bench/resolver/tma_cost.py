@@ -54,7 +54,10 @@ diagnostics (RESOLVER_DIAG_NO_HIT_STAMP / _NO_HIT_PROTECT / _FULL_STAMP: no stam
 protect flags -- the store pattern since the flags went --, every slot stamped) and the
 stamps prefetched into L2 by the lookup or the commit (RESOLVER_STAMP_PREFETCH=1-3).
 Cold cases (``32:cold``: every selected row never read) and ``auto_k8`` (K = 8 identical
-queries, run 146) time the K = 8 target call by call.
+queries, run 146) time the K = 8 target call by call; ``auto_k8_unroll8`` /
+``_nocheck`` / ``_nocopy`` (RESOLVER_SAME_UNROLL8, RESOLVER_DIAG_ASSUME_SAME: no
+identical-queries check, RESOLVER_DIAG_NO_LOC_COPY: the other queries' locations not
+written) split it (run 147: the check is most of it).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
