@@ -19,11 +19,7 @@ __device__ __forceinline__ bool same_queries(const i64* __restrict__ s_b, const 
         i64 f[2];
 #pragma unroll
         for (int q = 0; q < 2; ++q) f[q] = i0 + q * NT < k ? s_b[i0 + q * NT] : 0;
-#ifdef RESOLVER_SAME_UNROLL8
-#pragma unroll 8
-#else
 #pragma unroll 4
-#endif
         for (int j = 1; j < K; ++j)
 #pragma unroll
             for (int q = 0; q < 2; ++q)
@@ -85,11 +81,7 @@ __device__ __forceinline__ void lookup_body(
     // Only in the _q kernels (SAME), which the wrapper launches for K > 1. With every entry
     // looked up K = 8 identical selections cost 1.003-1.04x K = 1 (runs 82-89); with this
     // path 1.01x (run 90, in every kernel then)
-#ifdef RESOLVER_DIAG_ASSUME_SAME  // diagnostic: no check (wrong where the queries differ)
-    const int Kq = SAME && K > 1 ? 1 : K, Ke = Kq * k;
-#else
     const int Kq = SAME && K > 1 && same_queries(s_b, visible + (i64)b * K, K, k) ? 1 : K, Ke = Kq * k;
-#endif
 
     if (rank) {  // into L2 while the block reads its cache: what pass 1 loads after it (the
         // selection, and the page map and flags of the pages below the tail)
@@ -258,11 +250,7 @@ __device__ __forceinline__ void lookup_body(
     }
     __syncthreads();
     TRACE(6);  // misses listed, victims chosen
-#ifdef RESOLVER_DIAG_NO_LOC_COPY  // diagnostic: the others' locations left unwritten
-    if (false) {
-#else
     if (Kq < K) {  // identical queries: the first's final locations to the others'
-#endif
         for (int i0 = threadIdx.x; i0 < k; i0 += 2 * NT) {
             i64 v[2];
 #pragma unroll

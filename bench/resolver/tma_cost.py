@@ -54,10 +54,10 @@ diagnostics (RESOLVER_DIAG_NO_HIT_STAMP / _NO_HIT_PROTECT / _FULL_STAMP: no stam
 protect flags -- the store pattern since the flags went --, every slot stamped) and the
 stamps prefetched into L2 by the lookup or the commit (RESOLVER_STAMP_PREFETCH=1-3).
 Cold cases (``32:cold``: every selected row never read) and ``auto_k8`` (K = 8 identical
-queries, run 146) time the K = 8 target call by call; ``auto_k8_unroll8`` /
-``_nocheck`` / ``_nocopy`` (RESOLVER_SAME_UNROLL8, RESOLVER_DIAG_ASSUME_SAME: no
-identical-queries check, RESOLVER_DIAG_NO_LOC_COPY: the other queries' locations not
-written) split it (run 147: the check is most of it).
+queries, run 146) time the K = 8 target call by call; the builds that split it in run 147
+(RESOLVER_SAME_UNROLL8, RESOLVER_DIAG_ASSUME_SAME: no identical-queries check,
+RESOLVER_DIAG_NO_LOC_COPY: the other queries' locations not written; the check is most of
+it) were removed after it, as b0cca14 has them.
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -150,9 +150,6 @@ VARIANTS = {
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
     "auto_rankgeneric": Variant(None, flags=("-DRESOLVER_RANK_GENERIC",)),
     "auto_k8": Variant(None, queries=8),
-    "auto_k8_unroll8": Variant(None, flags=("-DRESOLVER_SAME_UNROLL8",), queries=8),
-    "auto_k8_nocheck": Variant(None, flags=("-DRESOLVER_DIAG_ASSUME_SAME",), queries=8),
-    "auto_k8_nocopy": Variant(None, flags=("-DRESOLVER_DIAG_NO_LOC_COPY",), queries=8),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
