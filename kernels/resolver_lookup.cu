@@ -9,8 +9,9 @@
 // queries sharing one selection, under causal bounds (eq. 5: they grow with the query). Then
 // an entry of any query is valid exactly where the first query's is on a call without bad
 // entries, and flagged where it is on one with them (a row at or past a later query's bound
-// is past the first's). The loads of up to 4 queries go out before the first comparison.
-// Every thread calls it; block-uniform result.
+// is past the first's). Asked after pass 1 has looked up the first query (the others' rows
+// were asked of L2 at the start, so its loads meet them there). Every thread calls it;
+// block-uniform result, and a barrier.
 __device__ __forceinline__ bool same_queries(const i64* __restrict__ s_b, const i64* __restrict__ vis_b, int K,
                                              int k) {
     bool diff = false;
@@ -75,13 +76,18 @@ __device__ __forceinline__ void lookup_body(
     // grid's completion before reading anything): its launch overlaps the lookup
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
-    // the round's K queries sharing one selection (same_queries): passes 1 and 2 take the
-    // first query's Ke = k entries, its locations go to the others' at the end and the entry
-    // counters count every query's; the others' bounds are checked apart (ST_VISIBLE).
+    // the round's K queries sharing one selection (same_queries): pass 1 looks up the first
+    // query's k entries, then asks whether the others are the same; if so pass 2 takes those
+    // Ke = k entries, their locations go to the others' at the end and the entry counters
+    // count every query's (the others' bounds are checked apart, ST_VISIBLE); if not, pass 1
+    // goes on over the others' entries (it only adds: bitmaps, counters, their locations).
     // Only in the _q kernels (SAME), which the wrapper launches for K > 1. With every entry
-    // looked up K = 8 identical selections cost 1.003-1.04x K = 1 (runs 82-89); with this
-    // path 1.01x (run 90, in every kernel then)
-    const int Kq = SAME && K > 1 && same_queries(s_b, visible + (i64)b * K, K, k) ? 1 : K, Ke = Kq * k;
+    // looked up K = 8 identical selections cost 1.003-1.04x K = 1 (runs 82-89); with the
+    // check before pass 1 0.8% more at 656 B, cold, batch 32 (run 146), about 4.5 us of it
+    // the check (run 147)
+    const bool ask = SAME && K > 1;
+    if (ask && !rank)  // the rank form asks for the whole selection below
+        for (int i = threadIdx.x; i * 16 < Kk - k; i += NT) prefetch_l2(s_b + k + i * 16);
 
     if (rank) {  // into L2 while the block reads its cache: what pass 1 loads after it (the
         // selection, and the page map and flags of the pages below the tail)
@@ -108,32 +114,34 @@ __device__ __forceinline__ void lookup_body(
     // request without optional or history pages, as the benchmark's, loads none).
     const bool small = tail_hi <= 0x7FFFFFFFll;
     const i64 map_rows = map_hi * p;
-    const i64 vis1 = SAME ? (Kq == 1 ? visible[(i64)b * K] : 0) : K == 1 ? visible[b] : 0;
+    const i64 vis1 = SAME ? visible[(i64)b * K] : K == 1 ? visible[b] : 0;  // the first query's bound
     unsigned n_tail = 0, n_opt = 0, n_hot = 0, n_host = 0, status = 0;
     // Row: the row arithmetic past the entry checks -- int where every row of the request
     // fits (small), else i64. The bounds it compares with are clamped to tail_hi: no valid
     // row reaches it. In 32 bits batch 160 without misses took 0.1-0.3 us less (H200, run 121).
-    auto pass1 = [&](auto groups, auto narrow) {
+    // entries [e_lo, e_hi); the first query's (e < k) under vis1 where the kernel has it
+    auto pass1 = [&](auto groups, auto narrow, int e_lo, int e_hi) {
         constexpr int G = decltype(groups)::value;
         using Row = typename Pick<decltype(narrow)::value, int, i64>::T;
         const Row t_lo = (Row)tail_lo, t_hi = (Row)tail_hi;
         const Row m_rows = (Row)(map_rows < tail_hi ? map_rows : tail_hi);
         const Row n_bits = (Row)(nbits < tail_hi ? nbits : tail_hi);
-        for (int e0 = threadIdx.x; e0 < Ke; e0 += NT * G) {
+        for (int e0 = e_lo + threadIdx.x; e0 < e_hi; e0 += NT * G) {
             i64 r[G], vis[G], loc[G], pm[G], hi[G];
             Row rw[G], pg[G];
             bool tail[G], page[G];
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;
-                r[q] = e < Ke ? s_b[e] : -1;
-                vis[q] = Kq == 1 ? vis1 : e < Ke ? visible[(i64)b * K + e / k] : 0;
+                r[q] = e < e_hi ? s_b[e] : -1;
+                if constexpr (SAME) vis[q] = e < k ? vis1 : e < e_hi ? visible[(i64)b * K + e / k] : 0;
+                else vis[q] = K == 1 ? vis1 : e < e_hi ? visible[(i64)b * K + e / k] : 0;
             }
-            if (e0 == (int)threadIdx.x) TRACE_DEP(27, r[0]);  // the first selected row arrived
+            if (e0 == e_lo + (int)threadIdx.x) TRACE_DEP(27, r[0]);  // the first selected row arrived
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 unsigned bad = 0;
-                if (e0 + q * NT < Ke) {
+                if (e0 + q * NT < e_hi) {
                     if (vis[q] < 0 || vis[q] > tail_hi) bad |= ST_VISIBLE;
                     if (r[q] < -1) bad |= ST_SEL_LT_M1;
                     if (r[q] >= vis[q]) bad |= ST_SEL_GE_VISIBLE;
@@ -163,7 +171,7 @@ __device__ __forceinline__ void lookup_body(
                     hi[q] = rest && B > 0 && rw[q] < n_bits ? hot_index[rw[q]] : -1;
                 loc[q] = tail[q] ? tail_locs[tl] : -1;
             }
-            if (e0 == (int)threadIdx.x) TRACE_DEP(28, hi[0] ^ loc[0]);  // its lookups done
+            if (e0 == e_lo + (int)threadIdx.x) TRACE_DEP(28, hi[0] ^ loc[0]);  // its lookups done
 #pragma unroll
             for (int q = 0; q < G; ++q) {
                 const int e = e0 + q * NT;
@@ -186,13 +194,13 @@ __device__ __forceinline__ void lookup_body(
                         ++n_host;
                     }
                 }
-                if (e < Ke) l_b[e] = loc[q];
+                if (e < e_hi) l_b[e] = loc[q];
             }
         }
     };
-    auto pass1_rows = [&](auto groups) {
-        if (small) pass1(groups, Flag<true>{});
-        else pass1(groups, Flag<false>{});
+    auto pass1_rows = [&](auto groups, int e_lo, int e_hi) {
+        if (small) pass1(groups, Flag<true>{}, e_lo, e_hi);
+        else pass1(groups, Flag<false>{}, e_lo, e_hi);
     };
     // G = 4 only where the entries' loads need the depth: not in the rank form of the
     // 512-thread build (the shape above the SM count, two blocks an SM), whose lookups are in
@@ -207,15 +215,24 @@ __device__ __forceinline__ void lookup_body(
 #else
     constexpr bool g2 = RANK && NT <= 512;
 #endif
-    if (Ke <= NT) pass1_rows(Groups<1>{});
-    else if (Ke <= 2 * NT || UL < 4 || g2) pass1_rows(Groups<2>{});
-    else pass1_rows(Groups<4>{});
-    const unsigned rep = Kq < K ? (unsigned)K : 1u;
+    auto pass1_range = [&](int e_lo, int e_hi) {
+        const int n = e_hi - e_lo;
+        if (n <= NT) pass1_rows(Groups<1>{}, e_lo, e_hi);
+        else if (n <= 2 * NT || UL < 4 || g2) pass1_rows(Groups<2>{}, e_lo, e_hi);
+        else pass1_rows(Groups<4>{}, e_lo, e_hi);
+    };
+    bool same = false;  // one call site: the pass's code once in the kernel
+    for (int e_lo = 0, e_hi = ask ? k : Kk;; e_lo = k, e_hi = Kk) {
+        pass1_range(e_lo, e_hi);
+        if (!ask || e_lo > 0 || (same = same_queries(s_b, visible + (i64)b * K, K, k))) break;  // syncs
+    }
+    const int Ke = same ? k : Kk;
+    const unsigned rep = same ? (unsigned)K : 1u;
     block_add(&cnt[0], n_tail * rep);
     block_add(&cnt[1], n_opt * rep);
     block_add(&cnt[2], n_hot * rep);
     block_add(&cnt[3], n_host * rep);
-    if (Kq < K)  // identical queries: pass 1 checked the first's bound
+    if (same)  // identical queries: pass 1 checked the first's bound
         for (int j = 1 + threadIdx.x; j < K; j += NT) {
             const i64 v = visible[(i64)b * K + j];
             if (v < 0 || v > tail_hi) status |= ST_VISIBLE;
@@ -250,7 +267,7 @@ __device__ __forceinline__ void lookup_body(
     }
     __syncthreads();
     TRACE(6);  // misses listed, victims chosen
-    if (Kq < K) {  // identical queries: the first's final locations to the others'
+    if (same) {  // identical queries: the first's final locations to the others'
         for (int i0 = threadIdx.x; i0 < k; i0 += 2 * NT) {
             i64 v[2];
 #pragma unroll
