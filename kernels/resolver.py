@@ -50,7 +50,7 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
 # the mapped pages: RequestState.map_hi)
 TABLE_COLUMNS = ("hot_rows", "hot_stamp", "hot_locs", "tail_locs", "page_map", "page_ready",
                  "hot_index", "hot_rank", "rank_cap", "tail_lo", "tail_hi", "map_hi")
-T_COLS, S_COLS, TOT_COLS = len(TABLE_COLUMNS), 12, 14  # table / summary / totals columns
+T_COLS, S_COLS, TOT_COLS = len(TABLE_COLUMNS), 11, 14  # table / summary / totals columns
 S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 R_PEND = 9  # 2 x (copies, status) pending on the sync-free path, by parity

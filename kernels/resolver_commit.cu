@@ -119,14 +119,14 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     const int span = ((B + parts - 1) / parts + 31) & ~31, s_lo = min(B, part * span), s_hi = min(B, s_lo + span);
     const i64* sm = summary + (i64)rb * SCOLS;
     const i64* row = table + (i64)rb * TCOLS;
-    i64 su = 0, m = 0, nv = 0, nhit = 0, off = 0, soff = 0, same = 0;
+    i64 su = 0, m = 0, nv = 0, nhit = 0, off = 0, soff = 0;
     i64 *hot_rows = nullptr, *stamp = nullptr, *hot_index = nullptr;
     const i64* hot_locs = nullptr;
     i64 tail_hi = 0;
     unsigned hw[HM_SLOTS];
     const unsigned* hm = reinterpret_cast<const unsigned*>(hit_mask + (i64)rb * B);
     if (commit_block) {
-        su = sm[S_U], m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT], same = sm[S_SAME];
+        su = sm[S_U], m = sm[S_M], nv = sm[S_NV], nhit = sm[S_NHIT];
         hot_rows = ptr<i64>(row, T_HOT_ROWS), stamp = ptr<i64>(row, T_HOT_STAMP);
         hot_locs = ptr<const i64>(row, T_HOT_LOCS);
         hot_index = ptr<i64>(row, T_HOT_INDEX), tail_hi = row[T_TAIL_HI];
@@ -187,7 +187,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         return;
     }
     const int b = rb;
-    if (su == 0 && !same) return;  // direct lookup: no LRU change (su = 0: m = nhit = nv = 0)
+    if (su == 0) return;  // direct lookup: no LRU change
     TRACE_AT(18, bi);  // summary read
     // loads of a group of U items are issued before their stores (see the lookup passes).
     // hot_index: a victim's row leaves it, its miss enters (no other thread's write can
@@ -250,29 +250,18 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         }
     }
     TRACE_AT(19, bi);  // victims / hits stamped
-    // locations: the misses' from miss_dst (part 0, which wrote them), and where the queries
-    // share the first's selection (S_SAME) the first's final ones to the others' (the
-    // parts split them when there are no misses to wait for); else every location was final
-    // after the lookup
-    if (same ? m > 0 && part > 0 : m == 0 || part > 0) return;
-    if (m > 0) __syncthreads();
-    const int Ke = same ? k : Kk, slice = m > 0 ? Ke : (Ke + parts - 1) / parts;
-    const int e_lo = min(Ke, part * slice), e_hi = min(Ke, e_lo + slice);
+    if (m == 0 || part > 0) return;  // hits only: every location was final after the lookup
+    __syncthreads();
     i64* l_b = locs + (i64)b * Kk;
-    for (int e0 = e_lo + threadIdx.x; e0 < e_hi; e0 += blockDim.x * U) {
+    for (int e0 = threadIdx.x; e0 < Kk; e0 += blockDim.x * U) {
         i64 l[U], d[U];
 #pragma unroll
-        for (int q = 0; q < U; ++q) l[q] = e0 + q * (int)blockDim.x < e_hi ? l_b[e0 + q * blockDim.x] : -1;
+        for (int q = 0; q < U; ++q) l[q] = e0 + q * (int)blockDim.x < Kk ? l_b[e0 + q * blockDim.x] : -1;
 #pragma unroll
-        for (int q = 0; q < U; ++q) d[q] = l[q] < -1 ? miss_dst[(i64)b * Kk + (-2 - l[q])] : l[q];
+        for (int q = 0; q < U; ++q) d[q] = l[q] < -1 ? miss_dst[(i64)b * Kk + (-2 - l[q])] : 0;
 #pragma unroll
-        for (int q = 0; q < U; ++q) {
-            const int e = e0 + q * (int)blockDim.x;
-            if (e >= e_hi) continue;
-            if (l[q] < -1) l_b[e] = d[q];
-            if (same)
-                for (int j = 1; j < K; ++j) l_b[(i64)j * k + e] = d[q];
-        }
+        for (int q = 0; q < U; ++q)
+            if (l[q] < -1) l_b[e0 + q * blockDim.x] = d[q];
     }
 }
 

@@ -74,11 +74,8 @@ enum { RANK_VERSION, RANK_BUILT, RANK_WORDS, RANK_HEAD = 4 };
 // summary columns (int64 [batch, SCOLS]). S_EARLY: on the sync-free path the lookup block
 // publishes (call << 32 | m) there as soon as its misses are listed, before it chooses the
 // victims; the commit's copy blocks wait for every request's and start reading host rows
-// while the lookup still runs (see resolver_commit.cu). S_SAME: 1 where the request's K > 1
-// queries share the first's selection (resolver_lookup.cu same_queries): the lookup wrote
-// the first query's locations only, the commit writes the others' (the columns from S_EARLY
-// on are not summed)
-enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT, S_EARLY, S_SAME, SCOLS };
+// while the lookup still runs (see resolver_commit.cu)
+enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT, S_EARLY, SCOLS };
 // totals (int64 [TOT_COLS + 2 * (batch + 1)]): then copy offsets [batch+1], stage offsets [batch+1].
 // R_PEND + 2 p + {P_COPIES, P_STATUS}: on the sync-free path (sums = 0) every lookup block
 // adds its misses and ORs its status into the slots of parity p (the host alternates it call
@@ -256,7 +253,7 @@ __device__ void sum_batch(const i64* __restrict__ summary, i64* __restrict__ tot
         if (threadIdx.x < 32) {
 #pragma unroll
             for (int c = 0; c < SCOLS; ++c)
-                f[c] = lane < batch && c < S_EARLY && (write_totals || c == S_STATUS || c == S_M || c == S_NV)
+                f[c] = lane < batch && c != S_EARLY && (write_totals || c == S_STATUS || c == S_M || c == S_NV)
                            ? (unsigned)__ldcg(summary + lane * SCOLS + c) : 0u;
             unsigned im = f[S_M], is = f[S_M] - f[S_NV];
 #pragma unroll

@@ -78,10 +78,9 @@ __device__ __forceinline__ void lookup_body(
 #endif
     // the round's K queries sharing one selection (same_queries): pass 1 looks up the first
     // query's k entries, then asks whether the others are the same; if so pass 2 takes those
-    // Ke = k entries, the commit copies their final locations to the others' (S_SAME: off
-    // the lookup's path to the copies) and the entry counters count every query's (the
-    // others' bounds are checked apart, ST_VISIBLE); if not, pass 1 goes on over the others'
-    // entries (it only adds: bitmaps, counters, their locations).
+    // Ke = k entries, their locations go to the others' at the end and the entry counters
+    // count every query's (the others' bounds are checked apart, ST_VISIBLE); if not, pass 1
+    // goes on over the others' entries (it only adds: bitmaps, counters, their locations).
     // Only in the _q kernels (SAME), which the wrapper launches for K > 1. With every entry
     // looked up K = 8 identical selections cost 1.003-1.04x K = 1 (runs 82-89); with the
     // check before pass 1 0.8% more at 656 B, cold, batch 32 (run 146), about 4.5 us of it
@@ -268,6 +267,17 @@ __device__ __forceinline__ void lookup_body(
     }
     __syncthreads();
     TRACE(6);  // misses listed, victims chosen
+    if (same) {  // identical queries: the first's final locations to the others'
+        for (int i0 = threadIdx.x; i0 < k; i0 += 2 * NT) {
+            i64 v[2];
+#pragma unroll
+            for (int q = 0; q < 2; ++q) v[q] = i0 + q * NT < k ? l_b[i0 + q * NT] : 0;
+            for (int j = 1; j < K; ++j)
+#pragma unroll
+                for (int q = 0; q < 2; ++q)
+                    if (i0 + q * NT < k) l_b[(i64)j * k + i0 + q * NT] = v[q];
+        }
+    }
     if (threadIdx.x == 0) {
         i64* sm = summary + (i64)b * SCOLS;
         const unsigned u = cnt[4] + u_miss;  // distinct rows of steps 2-3: hit slots + the rest
@@ -281,7 +291,6 @@ __device__ __forceinline__ void lookup_body(
         sm[S_HOT] = (i64)cnt[2];
         sm[S_HOST] = (i64)cnt[3];
         sm[S_DIRECT] = u == 0;
-        sm[S_SAME] = same;  // the commit writes the other queries' locations
         if (!sums) {  // the batch's pending work, for the commit's no-copy shortcut
             unsigned long long* pend = reinterpret_cast<unsigned long long*>(totals + R_PEND + 2 * parity);
             if (m) atomicAdd(pend + P_COPIES, (unsigned long long)m);  // staged rows are misses
