@@ -34,6 +34,18 @@ def _corrupt(h, rid: str, part: str) -> None:
         s.hot_rank[pre_at:].view(torch.int16)[1:] += 1
 
 
+def _hit_past_first_word(h, rid: str, sel_b: torch.Tensor, seed: int) -> None:
+    """Make ``sel_b`` (the request's [K, k] selection) hit a held row past the first 32 rows
+    with a held row after it, unless it does already: with the corrupted prefix that entry
+    takes the next held row's location. (Random draws missed every such row now and then:
+    a short history holds rows below 32 only; run 150's failure.)"""
+    held = sorted(r for r in h.hot_rows(rid) if r >= 0)
+    rows = [r for r in held[:-1] if r >= 32]
+    assert rows, (seed, held)  # histories of 100 rows and more (make_pair below)
+    if not torch.isin(sel_b, torch.tensor(rows, device=sel_b.device)).any():
+        sel_b[:, 0] = rows[0]  # in no query before: still distinct rows
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", ["1", "2x512"])  # DHISPARSE_LOOKUP_BLOCKS
 @pytest.mark.parametrize("part", ["entries", "prefix"])
@@ -43,7 +55,8 @@ def test_rank_form_uses_a_valid_cache_and_rebuilds_a_stale_one(shape, part, monk
     seed = random.randrange(1 << 30)  # printed on failure
     gen = torch.Generator().manual_seed(seed)
     for bump in (True, False):
-        h_ref, h_k, rids = make_pair(seed, BATCH, K, k, HOT, STAGING, ROW_BYTES)
+        h_ref, h_k, rids = make_pair(seed, BATCH, K, k, HOT, STAGING, ROW_BYTES,
+                                     imported_range=(100, 300))
         check_round(h_ref, h_k, rids, selections(h_ref, rids, K, k, 0.0, gen))  # misses
         assert not _valid(h_k, rids)[0], seed  # its misses took slots: the cache is stale
         for _ in range(2):  # rebuilt by the first all-hit lookup, read by the second
@@ -51,6 +64,7 @@ def test_rank_form_uses_a_valid_cache_and_rebuilds_a_stale_one(shape, part, monk
             assert all(_valid(h_k, rids)), seed  # no slot taken: no writer bumped
         _corrupt(h_k, rids[0], part)
         sel = selections(h_ref, rids, K, k, 1.0, gen)
+        _hit_past_first_word(h_k, rids[0], sel[0], seed)
         if bump:  # stale: rebuilt from hot_rows, the corruption gone
             h_k.group.request(rids[0]).hot_rank[RANK_VERSION] += 1
             check_round(h_ref, h_k, rids, sel)
