@@ -84,7 +84,7 @@ __device__ __forceinline__ void lookup_body(
     // Only in the _q kernels (SAME), which the wrapper launches for K > 1. With every entry
     // looked up K = 8 identical selections cost 1.003-1.04x K = 1 (runs 82-89); with the
     // check before pass 1 0.8% more at 656 B, cold, batch 32 (run 146), about 4.5 us of it
-    // the check (run 147)
+    // the check (run 147); with it here +5.6 us, 0.6% (run 150, 10 rounds; H200)
     const bool ask = SAME && K > 1;
     if (ask && !rank)  // the rank form asks for the whole selection below
         for (int i = threadIdx.x; i * 16 < Kk - k; i += NT) prefetch_l2(s_b + k + i * 16);
