@@ -195,9 +195,7 @@ def lookup(
     dev = selections.device.index
     sms = sm_count(dev)
     func, flags, threads = lookup_variant(batch, sms)
-    # K > 1: the kernels with the identical-queries path (resolver_lookup.cu same_queries);
-    # K = 1 calls keep kernels without its registers
-    q = "_q" if k_queries > 1 else ""
+    q = query_kernels(k_queries, k)
     ranked = kernel("resolver", func + "_rank" + q, dev, True, flags)
     cap = dynamic_shared_cap(ranked, dev)  # 227 KB opt-in minus 1.25 KB static (ptxas -v)
     fits = lookup_shared_bytes(words, pow2, True) <= cap
@@ -256,6 +254,16 @@ def lookup_variant(batch: int = 0, sms: int = 0) -> tuple[str, tuple[str, ...], 
     threads, per_sm = lookup_shape(batch, sms)
     flags = defines() + (() if threads == LOOKUP_THREADS else (f"-DNT={threads}",))
     return ("resolve_lookup_2" if per_sm == 2 else "resolve_lookup"), flags, threads
+
+
+def query_kernels(k_queries: int, k: int) -> str:
+    """The lookup kernels' suffix for K = ``k_queries`` queries of ``k`` entries: "_q", the
+    kernels with the identical-queries path (resolver_lookup.cu same_queries), for K > 1 and
+    k > 0; else "" (K = 1 calls keep kernels without its registers). The _q kernels' pass
+    over the other queries' entries begins at entry k: with k = 0 and a later bound below
+    the first's (queries not the same) their loop would never end, and without entries
+    there is nothing to share."""
+    return "_q" if k_queries > 1 and k > 0 else ""
 
 
 def lookup_shared_bytes(words: int, pow2: int, rank: bool = False) -> int:

@@ -221,7 +221,9 @@ __device__ __forceinline__ void lookup_body(
         else if (n <= 2 * NT || UL < 4 || g2) pass1_rows(Groups<2>{}, e_lo, e_hi);
         else pass1_rows(Groups<4>{}, e_lo, e_hi);
     };
-    bool same = false;  // one call site: the pass's code once in the kernel
+    // one call site: the pass's code once in the kernel; k > 0 (the wrapper launches the
+    // _q kernels only then, resolver.py query_kernels: else the second round's e_lo is 0)
+    bool same = false;
     for (int e_lo = 0, e_hi = ask ? k : Kk;; e_lo = k, e_hi = Kk) {
         pass1_range(e_lo, e_hi);
         if (!ask || e_lo > 0 || (same = same_queries(s_b, visible + (i64)b * K, K, k))) break;  // syncs

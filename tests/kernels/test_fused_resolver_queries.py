@@ -50,6 +50,30 @@ def test_identical_rows_under_a_lower_later_bound_resolve_like_the_reference() -
 
 
 @pytest.mark.gpu
+def test_queries_without_entries_under_unequal_bounds_resolve_nothing() -> None:
+    """K = 4 queries of k = 0 entries, a later bound below the first's: the lookup launch
+    ends (the identical-queries kernels, which would loop there, are not taken) and counts
+    nothing; the locations tensor is empty."""
+    from kernels import dropin
+    from kernels import resolver as kres
+
+    _, h_k, rids = make_pair(5, 3, 4, 16, 512, 656, ref_device=REF_DEVICE)
+    g = h_k.group
+    vis = h_k.causal_bounds(rids, 4).to(g.device)
+    vis[:, 2] = vis[:, 0] - 1
+    sel = torch.empty(len(rids), 4, 0, dtype=torch.int64, device=g.device)
+    ws = kres.Workspace.new(len(rids), 0, g.hot_slots, g.device)
+    kres.lookup(ws, dropin.request_table(g, [g.request(r) for r in rids]), sel, vis,
+                torch.empty_like(sel), hot_slots=g.hot_slots, tail_rows=g.config.tail_rows,
+                page_rows=g.config.page_rows,
+                rows_bound=max(g.request(r).tail_lo for r in rids),
+                finished_epoch=g.finished_epoch)
+    totals = ws.totals[: kres.TOT_COLS].cpu()
+    assert int(totals[kres.R_STATUS]) == 0 and int(totals[kres.R_COPIES]) == 0
+    assert int(totals[kres.R_DIRECT]) == len(rids)  # every request direct: nothing to look up
+
+
+@pytest.mark.gpu
 def test_identical_queries_copy_each_row_once() -> None:
     h_ref, h_k, rids = make_pair(7, 4, 8, 64, 1024, 656, ref_device=REF_DEVICE)
     gen = torch.Generator().manual_seed(7)

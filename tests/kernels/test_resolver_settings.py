@@ -197,3 +197,12 @@ def test_hit_form_defaults_to_rank_above_the_sm_count_where_it_can_run(monkeypat
     monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", "scan")
     with pytest.raises(InvalidArgument, match="DHISPARSE_LOOKUP_HITS='scan' must be one of"):
         kres.hit_form(None, 4096, True, 1, 132)
+
+
+def test_identical_queries_kernels_only_for_several_queries_with_entries() -> None:
+    """The _q lookups (resolver_lookup.cu same_queries) for K > 1 and k > 0 only: their pass
+    over the other queries begins at entry k, so k = 0 would loop while bounds differ."""
+    from kernels import resolver as kres
+
+    assert kres.query_kernels(8, 2048) == kres.query_kernels(2, 1) == "_q"
+    assert kres.query_kernels(1, 2048) == kres.query_kernels(8, 0) == ""
