@@ -81,7 +81,7 @@ __device__ __forceinline__ void lookup_body(
     // Ke = k entries, their locations go to the others' at the end and the entry counters
     // count every query's (the others' bounds are checked apart, ST_VISIBLE); if not, pass 1
     // goes on over the others' entries (it only adds: bitmaps, counters, their locations).
-    // Only in the _q kernels (SAME), which the wrapper launches for K > 1. With every entry
+    // Only in the _q kernels (SAME), which the wrapper launches for K > 1, k > 0. With every entry
     // looked up K = 8 identical selections cost 1.003-1.04x K = 1 (runs 82-89); with the
     // check before pass 1 0.8% more at 656 B, cold, batch 32 (run 146), about 4.5 us of it
     // the check (run 147); with it here +5.6 us, 0.6% (run 150, 10 rounds; H200)

@@ -55,7 +55,7 @@ def test_rank_form_uses_a_valid_cache_and_rebuilds_a_stale_one(shape, part, monk
     seed = random.randrange(1 << 30)  # printed on failure
     gen = torch.Generator().manual_seed(seed)
     for bump in (True, False):
-        h_ref, h_k, rids = make_pair(seed, BATCH, K, k, HOT, STAGING, ROW_BYTES,
+        h_ref, h_k, rids = make_pair(seed, BATCH, K, HOT, STAGING, ROW_BYTES,
                                      imported_range=(100, 300))
         check_round(h_ref, h_k, rids, selections(h_ref, rids, K, k, 0.0, gen))  # misses
         assert not _valid(h_k, rids)[0], seed  # its misses took slots: the cache is stale
