@@ -37,6 +37,7 @@ def test_rows_handed_out_before_any_write_are_all_zero_and_later_writes_land() -
 def test_bad_write_changes_nothing() -> None:
     b = _reused()
     with pytest.raises(InvalidArgument, match="outside the history"):
-        b.write(11, torch.zeros(2, 4, dtype=torch.uint8))
+        b.write(11, torch.full((2, 4), 0x5A, dtype=torch.uint8))  # row 11 fits, row 12 not
+    assert not bool(b.backed_mask().any())
     b.write(0, torch.ones(1, 4, dtype=torch.uint8))
-    assert int(b.rows()[1:].sum()) == 0
+    assert int(b.rows()[1:].sum()) == 0  # row 11 neither written nor left as reused bytes

@@ -1,5 +1,6 @@
-"""Fixtures: unique store prefixes whose /dev/shm files are removed (and checked), an
-in-process store on a hand-moved clock, a store process."""
+"""Fixtures: unique store prefixes whose /dev/shm files are removed after the test (the
+tests that must leave none check that themselves, ``assert_no_segments``), an in-process
+store on a hand-moved clock, a store process."""
 
 from __future__ import annotations
 
