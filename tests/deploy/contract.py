@@ -235,7 +235,7 @@ def host_port(address: str) -> tuple[str, int]:
 # --------------------------------------------------------------------------- PromQL
 
 _SERIES_RE = re.compile(r"(?<![A-Za-z0-9_:\"'])(dhisparse_[A-Za-z0-9_:]*)")
-_SELECTOR_RE = re.compile(r"(dhisparse_[A-Za-z0-9_:]*)\s*\{([^}]*)\}")
+_SELECTOR_RE = re.compile(r"(?<![A-Za-z0-9_:\"'])(dhisparse_[A-Za-z0-9_:]*)(?:\s*\{([^}]*)\})?")
 _MATCHER_RE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*\"((?:[^\"\\]|\\.)*)\"\s*")
 _BY_RE = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 
@@ -267,7 +267,8 @@ def series_in(expr: str) -> list[str]:
 
 
 def selectors_in(expr: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
-    """(series, [(label, op, value)]) for every ``series{...}`` selector."""
+    """(series, [(label, op, value)]) for every occurrence of a series: its ``{...}``
+    selector's matchers, none for a bare series (which a check of matchers must not skip)."""
     out = []
     for name, body in _SELECTOR_RE.findall(expr):
         matchers = []
@@ -293,6 +294,9 @@ _CTORS = {
     "Summary": "summary", "SummaryMetricFamily": "summary",
     "Info": "info", "InfoMetricFamily": "info", "Enum": "stateset",
 }
+# where each constructor takes its label names by position (prometheus_client's signatures)
+_LABELS_AT = {"HistogramMetricFamily": 4, "SummaryMetricFamily": 4,
+              "CounterMetricFamily": 3, "GaugeMetricFamily": 3, "InfoMetricFamily": 3}
 
 
 @dataclass
@@ -345,7 +349,7 @@ def defined_metrics(module: ModuleType) -> dict[str, Defined]:
         kw = {k.arg: k.value for k in node.keywords}
         label_node = kw.get("labelnames", kw.get("labels"))
         if label_node is None:
-            pos = 2 if fname in ("Counter", "Gauge", "Histogram", "Summary") else 3
+            pos = _LABELS_AT.get(fname, 2)  # Counter .. Enum: (name, documentation, labelnames)
             label_node = node.args[pos] if len(node.args) > pos else None
         labels = set(_const_strings(label_node, consts) or []) if label_node is not None \
             else set()
