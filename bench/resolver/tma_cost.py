@@ -323,10 +323,10 @@ def main() -> None:
             for bs, prof in cases:
                 m = missed_rows(prof, k)
                 cold = prof == "cold"  # every selected row never read, no row resident
-                case, off = Case(st, host, pool, item, bs, 1, k, m, cold), offs[prof]
                 run = [n for n in names if not m or VARIANTS[n].misses_ok]
                 by_k = {K: Case(st, host, pool, item, bs, K, k, m, cold)  # Variant.queries
-                        for K in {VARIANTS[n].queries for n in run} - {1}} | {1: case}
+                        for K in {1} | {VARIANTS[n].queries for n in run}}
+                off = offs[prof]
                 warm = None  # Variant.warm: the same case on a State of its own (hits only)
                 reader = torch.ones(4 << 20, device=dev) if any(
                     VARIANTS[n].warm == "read" for n in run) else None
@@ -382,7 +382,7 @@ def main() -> None:
                           f"ok={ok[name]} ({time.time() - t0:.0f}s)", flush=True)
                 write_json(args.out, rec)
                 offs[prof] = off
-                del case, by_k, warm, reader
+                del by_k, warm, reader
             del st, pool
     finally:
         wrap.restore()

@@ -234,7 +234,6 @@ def host_port(address: str) -> tuple[str, int]:
 
 # --------------------------------------------------------------------------- PromQL
 
-_SERIES_RE = re.compile(r"(?<![A-Za-z0-9_:\"'])(dhisparse_[A-Za-z0-9_:]*)")
 _SELECTOR_RE = re.compile(r"(?<![A-Za-z0-9_:\"'])(dhisparse_[A-Za-z0-9_:]*)(?:\s*\{([^}]*)\})?")
 _MATCHER_RE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*\"((?:[^\"\\]|\\.)*)\"\s*")
 _BY_RE = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
@@ -263,7 +262,7 @@ def dashboard_queries(dash: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def series_in(expr: str) -> list[str]:
-    return _SERIES_RE.findall(expr)
+    return [name for name, _ in _SELECTOR_RE.findall(expr)]
 
 
 def selectors_in(expr: str) -> list[tuple[str, list[tuple[str, str, str]]]]:

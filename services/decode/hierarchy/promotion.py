@@ -100,12 +100,18 @@ def promote_wave(group: SourceGroup, wave: list[StagedBlock]) -> int:
     return int(torch.stack(counts).sum())
 
 
+def _eligible(group: SourceGroup, state: RequestState, epoch: int) -> torch.Tensor:
+    """The slots a row staged at ``epoch`` may take: used before that epoch and not
+    protected (stamp at or below finished_epoch)."""
+    return (state.hot_stamp < epoch) & (state.hot_stamp <= group.finished_epoch)
+
+
 def _promote_masked(group: SourceGroup, state: RequestState, epoch: int, rows: torch.Tensor,
                     locs: torch.Tensor) -> torch.Tensor:
     """Rows ``i < eligible count`` into the i-th eligible slot in LRU order, with no device
     read: slots past the count get their own values written back. Returns the count
     promoted (a device scalar)."""
-    eligible = (state.hot_stamp < epoch) & (state.hot_stamp <= group.finished_epoch)
+    eligible = _eligible(group, state, epoch)
     key = torch.where(eligible, state.hot_stamp, torch.full_like(state.hot_stamp, NEVER))
     order = torch.sort(key, stable=True).indices  # (stamp, slot) among eligible, then the rest
     r = min(rows.numel(), order.numel())
@@ -128,7 +134,7 @@ def _promote_block(group: SourceGroup, state: RequestState, block: StagedBlock) 
 
 def _promote_one(group: SourceGroup, state: RequestState, entry: StagedRow) -> int:
     """The definition: ``entry``'s row into the LRU-first eligible slot not holding it."""
-    eligible = (state.hot_stamp < entry.epoch) & (state.hot_stamp <= group.finished_epoch)
+    eligible = _eligible(group, state, entry.epoch)
     if bool((state.hot_rows == entry.row).any()) or not bool(eligible.any()):
         return 0
     slot = lru_order(state.hot_stamp, eligible)[0]
