@@ -7,6 +7,10 @@
 // the staging rows. At namespace scope since 14ec96c: declared inside commit_body, they make
 // the commit kernels compile to other SASS than the one the GPU tests and runs 69-72 ran.
 __shared__ i64 c_off[MAXB + 1], c_soff[MAXB + 1];
+#ifdef RESOLVER_DIAG_SMID
+#define DIAG_SMID_MAX 1024
+__device__ int diag_smid[DIAG_SMID_MAX];  // read and reset by bench/resolver/tma_cost.py
+#endif
 
 // The block's role: commit block x < n_commit, else copy block x - n_commit. The copy
 // blocks come first in the grid: blocks start in index order, so they are the ones that
@@ -46,6 +50,13 @@ __device__ __forceinline__ void copy_block(const i64* __restrict__ table, const 
     copy_share(n_copies, batch, copy_blocks, few, ncb, row_bytes / W, &active, &step);
     const int cb = block_role(n_commit) - n_commit;
     if (cb % step != 0 || cb / step >= active) return;
+#ifdef RESOLVER_DIAG_SMID  // diagnostic build: the SM of each copy block at work, by its share
+    if (threadIdx.x == 0 && cb / step < DIAG_SMID_MAX) {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        diag_smid[cb / step] = (int)smid;
+    }
+#endif
     if (!sums_here) {
         for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
             c_off[i] = copy_off[i];

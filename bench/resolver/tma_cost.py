@@ -101,6 +101,10 @@ class Variant(NamedTuple):
     # case on a State of its own: the kernels' code (and none of the timed call's data) in L2;
     # "read": a sum over 16 MB of other memory (the flush's dirty lines out, no code of ours)
     queries: int = 1  # K: identical queries per request (the K = 8 target: one copy per row)
+    pdl: bool = True  # the commit by programmatic dependent launch (False: DHISPARSE_PDL=0)
+
+
+SMID = "-DRESOLVER_DIAG_SMID"  # build flag: the copy blocks at work record their SM (smid_stats)
 
 
 VARIANTS = {
@@ -150,6 +154,12 @@ VARIANTS = {
     "auto_twog4": Variant(None, flags=("-DRESOLVER_TWO_G4",)),
     "auto_rankgeneric": Variant(None, flags=("-DRESOLVER_RANK_GENERIC",)),
     "auto_k8": Variant(None, queries=8),
+    "auto_nopdl": Variant(None, pdl=False),
+    "auto_smid": Variant(None, flags=(SMID,)),
+    "auto_nopdl_smid": Variant(None, flags=(SMID,), pdl=False),
+    "auto_step2": Variant(None, flags=("-DRESOLVER_SPARSE_STEP=2",)),
+    "auto_step2_smid": Variant(None, flags=("-DRESOLVER_SPARSE_STEP=2", SMID)),
+    "auto_commitfirst_smid": Variant(None, flags=("-DRESOLVER_COMMIT_FIRST", SMID)),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
@@ -163,6 +173,24 @@ def floored_copy_blocks(floor: str):
 
     least = COPY_FLOORS[floor]
     return lambda commit_blocks, sms: max(least(sms), COPY_BLOCKS_PER_SM * sms - commit_blocks)
+
+
+def smid_table(kres, dev: int):
+    """The RESOLVER_DIAG_SMID build's table (int32 [DIAG_SMID_MAX], a copy block's SM by its
+    share, -1 where none) in the module of the defines in effect, as a CuPy array."""
+    import cupy
+
+    from kernels._loader import module
+
+    mem = module("resolver", dev, tuple(kres.defines())).get_global("diag_smid")
+    return cupy.ndarray((mem.mem.size // 4,), cupy.int32, memptr=mem)
+
+
+def smid_stats(table) -> dict[str, int]:
+    """Copy blocks at work, the SMs they ran on and the most of them on one SM."""
+    sms = [int(x) for x in table.get() if x >= 0]
+    per = {s: sms.count(s) for s in set(sms)}
+    return {"blocks": len(sms), "sms": len(per), "most_on_one_sm": max(per.values(), default=0)}
 
 
 def set_env(var: str, value: str | None) -> None:
@@ -313,6 +341,7 @@ def main() -> None:
     t0 = time.time()
     wrap = Launches(kres)
     blocks = os.environ.get("DHISPARSE_LOOKUP_BLOCKS")  # the lookup shape of the other variants
+    pdl = os.environ.get("DHISPARSE_PDL")
     launched = kres.launched_copy_blocks
     map_at = kres.TABLE_COLUMNS.index("map_hi")
     try:
@@ -344,6 +373,7 @@ def main() -> None:
                     wrap.shared = kres.TMA_ROWS * item if v.shared == "tma" else v.shared
                     wrap.flags, case.tma, case.early = v.flags, v.tma, v.early
                     set_env("DHISPARSE_LOOKUP_BLOCKS", v.lookup_blocks or blocks)
+                    set_env("DHISPARSE_PDL", pdl if v.pdl else "0")
                     kres.launched_copy_blocks = (floored_copy_blocks(v.copy_floor)
                                                  if v.copy_floor else launched)
                     case.table[:, map_at] = pages if v.map_all else 0
@@ -352,6 +382,7 @@ def main() -> None:
                 # each variant: its check and warm-up calls, then its timed calls, each call
                 # on its own row window from the variant's first one
                 first, ok, ts = {}, {}, {n: [] for n in run}
+                placed: dict[str, list] = {n: [] for n in run if SMID in VARIANTS[n].flags}
                 for name in run:
                     c = use(name)
                     first[name], ok[name] = off, c.check(off)["ok"]
@@ -362,6 +393,8 @@ def main() -> None:
                 for name, r in schedule(run, args.reps, bool(args.interleave)):
                     c = use(name)
                     w = first[name] + UNTIMED + r  # the call's own row window
+                    if name in placed:
+                        smid_table(kres, dev.index or 0).fill(-1)
                     fl = flush
                     if VARIANTS[name].warm:
                         def fl(warm=warm, how=VARIANTS[name].warm, reader=reader) -> None:
@@ -372,14 +405,19 @@ def main() -> None:
                                 getattr(warm, how)(0)
                     ts[name] += time_gpu(lambda i, w=w, c=c: c.call(w), 1, 0,
                                          before=lambda i, w=w, c=c: c.before(w), flush=fl)
+                    if name in placed:
+                        placed[name].append(smid_stats(smid_table(kres, dev.index or 0)))
                     wrap.end_variant()
                 for name in run:
                     us = statistics.median(ts[name])
                     rec["results"].append({"round": rnd, "batch": bs, "profile": prof,
                                            "variant": name, "ok": ok[name], "us": us,
-                                           "us_all": [round(t, 2) for t in ts[name]]})
+                                           "us_all": [round(t, 2) for t in ts[name]],
+                                           **({"smid": placed[name]} if name in placed else {})})
+                    where = "".join(f" [{p['blocks']} on {p['sms']} SMs, <={p['most_on_one_sm']}]"
+                                    for p in placed.get(name, [])[:3])
                     print(f"round {rnd} bs={bs:3d} {prof:6s} {name:22s} us={us:8.1f} "
-                          f"ok={ok[name]} ({time.time() - t0:.0f}s)", flush=True)
+                          f"ok={ok[name]} ({time.time() - t0:.0f}s){where}", flush=True)
                 write_json(args.out, rec)
                 offs[prof] = off
                 del by_k, warm, reader
@@ -387,6 +425,7 @@ def main() -> None:
     finally:
         wrap.restore()
         set_env("DHISPARSE_LOOKUP_BLOCKS", blocks)
+        set_env("DHISPARSE_PDL", pdl)
         kres.launched_copy_blocks = launched
     # the commit kernels' registers and spills as loaded (the plain one, the TMA one; W 16)
     for fn_name in ("resolve_commit_16", "resolve_commit_16_tma"):
