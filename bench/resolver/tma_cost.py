@@ -105,6 +105,7 @@ class Variant(NamedTuple):
 
 
 SMID = "-DRESOLVER_DIAG_SMID"  # build flag: the copy blocks at work record their SM (smid_stats)
+DIAG_SMID_MAX = 1024  # resolver_commit.cu: the entries of its diag_smid
 
 
 VARIANTS = {
@@ -183,7 +184,7 @@ def smid_table(kres, dev: int):
     from kernels._loader import module
 
     mem = module("resolver", dev, tuple(kres.defines())).get_global("diag_smid")
-    return cupy.ndarray((mem.mem.size // 4,), cupy.int32, memptr=mem)
+    return cupy.ndarray((DIAG_SMID_MAX,), cupy.int32, memptr=mem)  # (the pointer has no size)
 
 
 def smid_stats(table) -> dict[str, int]:

@@ -155,3 +155,15 @@ def test_copy_floor_variants_launch_the_rules_they_name() -> None:
     assert [wave(c, 132) for c in (128, 160, 256)] == [136, 104, 48]
     assert [one(c, 132) for c in (128, 160, 256)] == [136, 132, 132]
     assert launched_copy_blocks(160, 132) == wave(160, 132)
+
+
+def test_the_smid_table_is_as_long_as_the_kernels_and_its_stats_count_blocks_per_sm() -> None:
+    from bench.resolver.tma_cost import DIAG_SMID_MAX, smid_stats
+
+    src = source("resolver")
+    assert re.search(rf"#define DIAG_SMID_MAX {DIAG_SMID_MAX}\b", src)
+    table = types.SimpleNamespace(get=lambda: [5, 7, 5, -1, 9, -1])
+    assert smid_stats(table) == {"blocks": 4, "sms": 3, "most_on_one_sm": 2}
+    assert smid_stats(types.SimpleNamespace(get=lambda: [-1] * 3)) == {
+        "blocks": 0, "sms": 0, "most_on_one_sm": 0}
+    assert {n for n, v in VARIANTS.items() if not v.pdl} >= {"auto_nopdl", "auto_nopdl_smid"}
