@@ -57,7 +57,11 @@ Cold cases (``32:cold``: every selected row never read) and ``auto_k8`` (K = 8 i
 queries, run 146) time the K = 8 target call by call; the builds that split it in run 147
 (RESOLVER_SAME_UNROLL8, RESOLVER_DIAG_ASSUME_SAME: no identical-queries check,
 RESOLVER_DIAG_NO_LOC_COPY: the other queries' locations not written; the check is most of
-it) were removed after it, as b0cca14 has them.
+it) were removed after it, as b0cca14 has them. Where the copy blocks at work run: the
+``*_smid`` builds (RESOLVER_DIAG_SMID) record each one's SM (``smid_stats``, run 155: with
+PDL the batch-160 sparse rule's 16 share 8-9 SMs); ``auto_nopdl*`` launch the commit without
+programmatic dependent launch (``Variant.pdl``), ``auto_step2*`` put the sparse rule's blocks
+every other one (RESOLVER_SPARSE_STEP=2; run 154: no better).
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
