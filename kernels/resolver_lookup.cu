@@ -20,11 +20,26 @@ __device__ __forceinline__ bool same_queries(const i64* __restrict__ s_b, const 
         i64 f[2];
 #pragma unroll
         for (int q = 0; q < 2; ++q) f[q] = i0 + q * NT < k ? s_b[i0 + q * NT] : 0;
+#ifdef RESOLVER_SAME_WIDE  // diagnostic build: 7 queries' loads at a time (K = 8: all in flight)
+        for (int j0 = 1; j0 < K; j0 += 7) {
+            i64 g[7][2];
+#pragma unroll
+            for (int u = 0; u < 7; ++u)
+#pragma unroll
+                for (int q = 0; q < 2; ++q)
+                    g[u][q] = j0 + u < K && i0 + q * NT < k ? s_b[(i64)(j0 + u) * k + i0 + q * NT] : f[q];
+#pragma unroll
+            for (int u = 0; u < 7; ++u)
+#pragma unroll
+                for (int q = 0; q < 2; ++q) diff |= g[u][q] != f[q];
+        }
+#else
 #pragma unroll 4
         for (int j = 1; j < K; ++j)
 #pragma unroll
             for (int q = 0; q < 2; ++q)
                 if (i0 + q * NT < k) diff |= s_b[(i64)j * k + i0 + q * NT] != f[q];
+#endif
     }
     return !__syncthreads_or(diff);
 }
@@ -269,7 +284,11 @@ __device__ __forceinline__ void lookup_body(
     }
     __syncthreads();
     TRACE(6);  // misses listed, victims chosen
+#ifdef RESOLVER_LOC_IN_PASS2  // diagnostic build: pass 2 wrote the others' where it ran
+    if (same && !(host_entries > 0 && B > 0)) {
+#else
     if (same) {  // identical queries: the first's final locations to the others'
+#endif
         for (int i0 = threadIdx.x; i0 < k; i0 += 2 * NT) {
             i64 v[2];
 #pragma unroll

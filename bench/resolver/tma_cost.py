@@ -165,6 +165,10 @@ VARIANTS = {
     "auto_step2": Variant(None, flags=("-DRESOLVER_SPARSE_STEP=2",)),
     "auto_step2_smid": Variant(None, flags=("-DRESOLVER_SPARSE_STEP=2", SMID)),
     "auto_commitfirst_smid": Variant(None, flags=("-DRESOLVER_COMMIT_FIRST", SMID)),
+    "auto_k8_samewide": Variant(None, flags=("-DRESOLVER_SAME_WIDE",), queries=8),
+    "auto_k8_locpass2": Variant(None, flags=("-DRESOLVER_LOC_IN_PASS2",), queries=8),
+    "auto_k8_both": Variant(None, flags=("-DRESOLVER_SAME_WIDE", "-DRESOLVER_LOC_IN_PASS2"),
+                            queries=8),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
