@@ -20,7 +20,17 @@ __device__ __forceinline__ bool same_queries(const i64* __restrict__ s_b, const 
         i64 f[2];
 #pragma unroll
         for (int q = 0; q < 2; ++q) f[q] = i0 + q * NT < k ? s_b[i0 + q * NT] : 0;
-#ifdef RESOLVER_SAME_WIDE  // diagnostic build: 7 queries' loads at a time (K = 8: all in flight)
+#ifdef RESOLVER_SAME_UNROLL4  // diagnostic build: the loop before run 156 (4 queries' loads at a time)
+#pragma unroll 4
+        for (int j = 1; j < K; ++j)
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+                if (i0 + q * NT < k) diff |= s_b[(i64)j * k + i0 + q * NT] != f[q];
+#else
+        // 7 queries' loads at a time (K = 8: every load in flight before the first compare):
+        // K = 8 against K = 1 +2.2 against +4.1 us cold, +3.4 against +4.3 without misses
+        // (656 B, batch 32, 8 rounds of 6; H200, run 156); the 1024-thread kernels' spills
+        // unchanged, the 512-thread rank kernels' 12 bytes more
         for (int j0 = 1; j0 < K; j0 += 7) {
             i64 g[7][2];
 #pragma unroll
@@ -33,12 +43,6 @@ __device__ __forceinline__ bool same_queries(const i64* __restrict__ s_b, const 
 #pragma unroll
                 for (int q = 0; q < 2; ++q) diff |= g[u][q] != f[q];
         }
-#else
-#pragma unroll 4
-        for (int j = 1; j < K; ++j)
-#pragma unroll
-            for (int q = 0; q < 2; ++q)
-                if (i0 + q * NT < k) diff |= s_b[(i64)j * k + i0 + q * NT] != f[q];
 #endif
     }
     return !__syncthreads_or(diff);
@@ -284,11 +288,7 @@ __device__ __forceinline__ void lookup_body(
     }
     __syncthreads();
     TRACE(6);  // misses listed, victims chosen
-#ifdef RESOLVER_LOC_IN_PASS2  // diagnostic build: pass 2 wrote the others' where it ran
-    if (same && !(host_entries > 0 && B > 0)) {
-#else
     if (same) {  // identical queries: the first's final locations to the others'
-#endif
         for (int i0 = threadIdx.x; i0 < k; i0 += 2 * NT) {
             i64 v[2];
 #pragma unroll

@@ -157,20 +157,9 @@ __device__ __forceinline__ MissPath miss_path(const i64* __restrict__ row, const
                 l[q] = e < Ke ? l_b[e] : -1;
                 r[q] = e < Ke ? s_b[e] : -1;
             }
-#ifdef RESOLVER_LOC_IN_PASS2  // diagnostic build: identical queries (Ke < Kk) get the first's here
-#pragma unroll
-            for (int q = 0; q < G; ++q) {
-                const int e = e0 + q * NT;
-                if (e >= Ke) continue;
-                const i64 v = l[q] == SENTINEL ? -2 - (i64)rank_of(miss_bm, miss_pre, r[q]) : l[q];
-                if (l[q] == SENTINEL) l_b[e] = v;
-                for (int o = Ke; o < Kk; o += Ke) l_b[o + e] = v;
-            }
-#else
 #pragma unroll
             for (int q = 0; q < G; ++q)
                 if (l[q] == SENTINEL) l_b[e0 + q * NT] = -2 - (i64)rank_of(miss_bm, miss_pre, r[q]);
-#endif
         }
     };
     if (Ke <= NT) pass2(Groups<1>{});

@@ -61,7 +61,11 @@ it) were removed after it, as b0cca14 has them. Where the copy blocks at work ru
 ``*_smid`` builds (RESOLVER_DIAG_SMID) record each one's SM (``smid_stats``, run 155: with
 PDL the batch-160 sparse rule's 16 share 8-9 SMs); ``auto_nopdl*`` launch the commit without
 programmatic dependent launch (``Variant.pdl``), ``auto_step2*`` put the sparse rule's blocks
-every other one (RESOLVER_SPARSE_STEP=2; run 154: no better).
+every other one (RESOLVER_SPARSE_STEP=2; run 154: no better). ``auto_k8_unroll4``: the
+identical-queries check issuing 4 queries' loads at a time (RESOLVER_SAME_UNROLL4, the check
+before run 156; 7 at a time since). Run 156's other K = 8 build, pass 2 writing the identical
+queries' locations where it writes the first's (RESOLVER_LOC_IN_PASS2), measured nothing
+(+0.3 cold, -0.05 without misses against K = 8) and was removed; 7a983fe has it.
 
     python3 -m bench.resolver.tma_cost --out tma_cost.json      # on the GPU machine
     python3 -m bench.resolver.tma_cost --summary bench/results/tma_cost_eff1103.json
@@ -165,10 +169,7 @@ VARIANTS = {
     "auto_step2": Variant(None, flags=("-DRESOLVER_SPARSE_STEP=2",)),
     "auto_step2_smid": Variant(None, flags=("-DRESOLVER_SPARSE_STEP=2", SMID)),
     "auto_commitfirst_smid": Variant(None, flags=("-DRESOLVER_COMMIT_FIRST", SMID)),
-    "auto_k8_samewide": Variant(None, flags=("-DRESOLVER_SAME_WIDE",), queries=8),
-    "auto_k8_locpass2": Variant(None, flags=("-DRESOLVER_LOC_IN_PASS2",), queries=8),
-    "auto_k8_both": Variant(None, flags=("-DRESOLVER_SAME_WIDE", "-DRESOLVER_LOC_IN_PASS2"),
-                            queries=8),
+    "auto_k8_unroll4": Variant(None, flags=("-DRESOLVER_SAME_UNROLL4",), queries=8),
 }
 
 # Variant.copy_floor: run 113's rule (at least 48) and the rule before it (one per SM)
