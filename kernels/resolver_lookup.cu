@@ -28,9 +28,10 @@ __device__ __forceinline__ bool same_queries(const i64* __restrict__ s_b, const 
                 if (i0 + q * NT < k) diff |= s_b[(i64)j * k + i0 + q * NT] != f[q];
 #else
         // 7 queries' loads at a time (K = 8: every load in flight before the first compare):
-        // K = 8 against K = 1 +2.2 against +4.1 us cold, +3.4 against +4.3 without misses
-        // (656 B, batch 32, 8 rounds of 6; H200, run 156); the 1024-thread kernels' spills
-        // unchanged, the 512-thread rank kernels' 12 bytes more
+        // K = 8 calls without misses 0.9 us faster at batch 32 and 1.7 at batch 160 than with
+        // 4 at a time (in every round of runs 156-157); cold calls within their spread (656 B,
+        // batch 32: -1.9 us over run 156's 8 rounds, +5.1 over run 157's 3; H200). The
+        // 1024-thread kernels' spills unchanged, the 512-thread rank kernels' 12 bytes more
         for (int j0 = 1; j0 < K; j0 += 7) {
             i64 g[7][2];
 #pragma unroll
