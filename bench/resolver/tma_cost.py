@@ -203,6 +203,14 @@ def smid_stats(table) -> dict[str, int]:
     return {"blocks": len(sms), "sms": len(per), "most_on_one_sm": max(per.values(), default=0)}
 
 
+def variant_env(v: Variant, blocks: str | None, pdl: str | None) -> None:
+    """The environment a variant's calls go out under: its lookup shape, else ``blocks``
+    (DHISPARSE_LOOKUP_BLOCKS as the run found it), and DHISPARSE_PDL=0 where it goes without
+    PDL, else ``pdl`` (as the run found it; None: unset)."""
+    set_env("DHISPARSE_LOOKUP_BLOCKS", v.lookup_blocks or blocks)
+    set_env("DHISPARSE_PDL", pdl if v.pdl else "0")
+
+
 def set_env(var: str, value: str | None) -> None:
     """``var`` = ``value``, or unset where ``value`` is None."""
     if value is None:
@@ -382,8 +390,7 @@ def main() -> None:
                     wrap.commit_carveout = v.commit_carveout
                     wrap.shared = kres.TMA_ROWS * item if v.shared == "tma" else v.shared
                     wrap.flags, case.tma, case.early = v.flags, v.tma, v.early
-                    set_env("DHISPARSE_LOOKUP_BLOCKS", v.lookup_blocks or blocks)
-                    set_env("DHISPARSE_PDL", pdl if v.pdl else "0")
+                    variant_env(v, blocks, pdl)
                     kres.launched_copy_blocks = (floored_copy_blocks(v.copy_floor)
                                                  if v.copy_floor else launched)
                     case.table[:, map_at] = pages if v.map_all else 0
@@ -404,7 +411,7 @@ def main() -> None:
                     c = use(name)
                     w = first[name] + UNTIMED + r  # the call's own row window
                     if name in placed:
-                        smid_table(kres, dev.index or 0).fill(-1)
+                        smid_table(kres, torch.cuda.current_device()).fill(-1)
                     fl = flush
                     if VARIANTS[name].warm:
                         def fl(warm=warm, how=VARIANTS[name].warm, reader=reader) -> None:
@@ -416,7 +423,8 @@ def main() -> None:
                     ts[name] += time_gpu(lambda i, w=w, c=c: c.call(w), 1, 0,
                                          before=lambda i, w=w, c=c: c.before(w), flush=fl)
                     if name in placed:
-                        placed[name].append(smid_stats(smid_table(kres, dev.index or 0)))
+                        placed[name].append(
+                            smid_stats(smid_table(kres, torch.cuda.current_device())))
                     wrap.end_variant()
                 for name in run:
                     us = statistics.median(ts[name])
@@ -439,7 +447,8 @@ def main() -> None:
         kres.launched_copy_blocks = launched
     # the commit kernels' registers and spills as loaded (the plain one, the TMA one; W 16)
     for fn_name in ("resolve_commit_16", "resolve_commit_16_tma"):
-        fn = kernel("resolver", fn_name, 0, fn_name.endswith("tma"), kres.defines())
+        fn = kernel("resolver", fn_name, torch.cuda.current_device(), fn_name.endswith("tma"),
+                    kres.defines())
         rec.setdefault("kernels", {})[fn_name] = {
             "num_regs": fn.num_regs, "local_size_bytes": fn.local_size_bytes,
             "shared_size_bytes": fn.shared_size_bytes}

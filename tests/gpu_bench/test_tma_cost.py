@@ -166,4 +166,44 @@ def test_the_smid_table_is_as_long_as_the_kernels_and_its_stats_count_blocks_per
     assert smid_stats(table) == {"blocks": 4, "sms": 3, "most_on_one_sm": 2}
     assert smid_stats(types.SimpleNamespace(get=lambda: [-1] * 3)) == {
         "blocks": 0, "sms": 0, "most_on_one_sm": 0}
+    assert re.search(r"__device__ int diag_smid\[DIAG_SMID_MAX\]", src)
     assert {n for n, v in VARIANTS.items() if not v.pdl} >= {"auto_nopdl", "auto_nopdl_smid"}
+
+
+def test_a_variant_goes_out_under_its_own_pdl_and_lookup_shape_and_the_run_s_after(
+        monkeypatch) -> None:
+    from bench.resolver.tma_cost import variant_env
+
+    monkeypatch.setenv("DHISPARSE_PDL", "1")
+    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", "2")
+    variant_env(VARIANTS["auto_nopdl"], "2", "1")
+    assert os.environ["DHISPARSE_PDL"] == "0" and os.environ["DHISPARSE_LOOKUP_BLOCKS"] == "2"
+    variant_env(VARIANTS["auto_lookup1"], "2", "1")  # PDL as the run found it again
+    assert os.environ["DHISPARSE_PDL"] == "1" and os.environ["DHISPARSE_LOOKUP_BLOCKS"] == "1"
+    variant_env(VARIANTS["auto"], None, None)  # both unset where the run found them unset
+    assert "DHISPARSE_PDL" not in os.environ and "DHISPARSE_LOOKUP_BLOCKS" not in os.environ
+
+
+def test_the_smid_table_is_read_from_the_module_the_commit_was_built_in(monkeypatch) -> None:
+    import sys
+
+    from bench.resolver.tma_cost import DIAG_SMID_MAX, SMID, smid_table
+    from kernels import _loader
+
+    asked = []
+
+    class _Module:
+        def get_global(self, name: str) -> str:
+            asked.append(name)
+            return "pointer"
+
+    fake = types.SimpleNamespace(
+        int32="int32", ndarray=lambda shape, dtype, memptr: (shape, dtype, memptr))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(_loader, "module", lambda *key: asked.append(key) or _Module())
+    kres = types.SimpleNamespace(defines=lambda: ("-DRESOLVER_TRACE",), launch=None,
+                                 launch_dependent=None)
+    wrap = Launches(kres)
+    wrap.flags = (SMID,)  # as a *_smid variant's calls: the commit's defines() are these
+    assert smid_table(kres, 3) == ((DIAG_SMID_MAX,), "int32", "pointer")
+    assert asked == [("resolver", 3, ("-DRESOLVER_TRACE", SMID)), "diag_smid"]

@@ -114,3 +114,34 @@ def test_one_query_rank_form_resolves_like_the_reference(
     bad_vis[batch // 2, 0] = -1
     assert check_round(h_ref, h_k, rids, sel, vis=bad_vis) is None
     assert check_round(h_ref, h_k, rids, sel) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hits", ["index", "rank"])
+@pytest.mark.parametrize("blocks", ["1", "2x512"])
+@pytest.mark.parametrize("K,k", [(9, 1100), (15, 600)])
+def test_queries_differing_past_the_first_seven_or_past_a_block_resolve_like_the_reference(
+    K: int, k: int, blocks: str, hits: str, monkeypatch
+) -> None:
+    """same_queries compares 7 queries' entries at a time, two entries a thread: identical
+    selections of K > 8 queries resolve as the reference does, and so do the same with one
+    entry changed in the last query at the last index (past 1024 entries: a thread's second
+    entry, or a second round of the 512-thread kernels) or in query 8 (the second group of
+    7). A check that looked at the first group only, or at one entry a thread, would give
+    the changed query the first's locations."""
+    monkeypatch.setenv("DHISPARSE_LOOKUP_BLOCKS", blocks)
+    monkeypatch.setenv("DHISPARSE_LOOKUP_HITS", hits)
+    seed = random.randrange(1 << 30)  # fresh inputs every run; printed on failure
+    # three rounds without a fence each stage up to ~350 rows: 4096 staging rows hold them
+    h_ref, h_k, rids = make_pair(seed, 3, K, 64, 4096, 656, ref_device=REF_DEVICE,
+                                 imported_range=(100, 300))
+    gen = torch.Generator().manual_seed(seed)
+    sel = selections(h_ref, rids, K, k, 0.5, gen, same_queries=True)
+    assert check_round(h_ref, h_k, rids, sel) is not None, seed
+    vis = h_ref.causal_bounds(rids, K).cpu()
+    for j, i in ((K - 1, k - 1), (8, k // 2)):
+        sel = selections(h_ref, rids, K, k, 0.5, gen, same_queries=True)
+        b = int(torch.randint(0, len(rids), (1,), generator=gen))
+        sel[b, j, i] = (int(sel[b, 0, i]) + 1) % int(vis[b, 0])  # below every query's bound
+        assert sel[b, j, i] != sel[b, 0, i]
+        assert check_round(h_ref, h_k, rids, sel) is not None, (seed, j, i)
