@@ -60,8 +60,9 @@ RESOLVER_DIAG_NO_LOC_COPY: the other queries' locations not written; the check i
 it) were removed after it, as b0cca14 has them. Where the copy blocks at work run: the
 ``*_smid`` builds (RESOLVER_DIAG_SMID) record each one's SM (``smid_stats``, run 155: with
 PDL the batch-160 sparse rule's 16 share 8-9 SMs); ``auto_nopdl*`` launch the commit without
-programmatic dependent launch (``Variant.pdl``), ``auto_step2*`` put the sparse rule's blocks
-every other one (RESOLVER_SPARSE_STEP=2; run 154: no better). ``auto_k8_unroll4``: the
+programmatic dependent launch (``Variant.pdl``). The sparse rule's blocks every other one
+(RESOLVER_SPARSE_STEP=2, ``auto_step2*``) measured no better (run 154) and were removed;
+b3707f6 has them. ``auto_k8_unroll4``: the
 identical-queries check issuing 4 queries' loads at a time (RESOLVER_SAME_UNROLL4, the check
 before run 156; 7 at a time since). Run 156's other K = 8 build, pass 2 writing the identical
 queries' locations where it writes the first's (RESOLVER_LOC_IN_PASS2), measured nothing
@@ -166,8 +167,6 @@ VARIANTS = {
     "auto_nopdl": Variant(None, pdl=False),
     "auto_smid": Variant(None, flags=(SMID,)),
     "auto_nopdl_smid": Variant(None, flags=(SMID,), pdl=False),
-    "auto_step2": Variant(None, flags=("-DRESOLVER_SPARSE_STEP=2",)),
-    "auto_step2_smid": Variant(None, flags=("-DRESOLVER_SPARSE_STEP=2", SMID)),
     "auto_commitfirst_smid": Variant(None, flags=("-DRESOLVER_COMMIT_FIRST", SMID)),
     "auto_k8_unroll4": Variant(None, flags=("-DRESOLVER_SAME_UNROLL4",), queries=8),
 }
@@ -360,6 +359,7 @@ def main() -> None:
     wrap = Launches(kres)
     blocks = os.environ.get("DHISPARSE_LOOKUP_BLOCKS")  # the lookup shape of the other variants
     pdl = os.environ.get("DHISPARSE_PDL")
+    cur = torch.cuda.current_device()  # the device the calls' kernels are built for
     launched = kres.launched_copy_blocks
     map_at = kres.TABLE_COLUMNS.index("map_hi")
     try:
@@ -411,7 +411,7 @@ def main() -> None:
                     c = use(name)
                     w = first[name] + UNTIMED + r  # the call's own row window
                     if name in placed:
-                        smid_table(kres, torch.cuda.current_device()).fill(-1)
+                        smid_table(kres, cur).fill(-1)
                     fl = flush
                     if VARIANTS[name].warm:
                         def fl(warm=warm, how=VARIANTS[name].warm, reader=reader) -> None:
@@ -423,8 +423,7 @@ def main() -> None:
                     ts[name] += time_gpu(lambda i, w=w, c=c: c.call(w), 1, 0,
                                          before=lambda i, w=w, c=c: c.before(w), flush=fl)
                     if name in placed:
-                        placed[name].append(
-                            smid_stats(smid_table(kres, torch.cuda.current_device())))
+                        placed[name].append(smid_stats(smid_table(kres, cur)))
                     wrap.end_variant()
                 for name in run:
                     us = statistics.median(ts[name])
@@ -447,8 +446,7 @@ def main() -> None:
         kres.launched_copy_blocks = launched
     # the commit kernels' registers and spills as loaded (the plain one, the TMA one; W 16)
     for fn_name in ("resolve_commit_16", "resolve_commit_16_tma"):
-        fn = kernel("resolver", fn_name, torch.cuda.current_device(), fn_name.endswith("tma"),
-                    kres.defines())
+        fn = kernel("resolver", fn_name, cur, fn_name.endswith("tma"), kres.defines())
         rec.setdefault("kernels", {})[fn_name] = {
             "num_regs": fn.num_regs, "local_size_bytes": fn.local_size_bytes,
             "shared_size_bytes": fn.shared_size_bytes}
