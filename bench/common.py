@@ -124,12 +124,17 @@ def summarize(ts: Sequence[float]) -> dict[str, float]:
 def h2d_memcpy_gbps(device: torch.device, nbytes: int = 1 << 30, reps: int = 20,
                     src: torch.Tensor | None = None) -> float:
     """Pinned host -> device ``cudaMemcpyAsync`` of one large buffer: the host-link ceiling
-    (of the first ``nbytes`` of ``src`` when given: that allocation's ceiling)."""
+    (of the first ``nbytes`` of ``src`` when given: that allocation's ceiling; all of it
+    where it holds fewer bytes)."""
+    if src is not None:
+        nbytes = min(nbytes, src.numel() * src.element_size())
+    if nbytes <= 0:
+        raise ValueError(f"nbytes={nbytes}: the memcpy needs at least 1 byte")
     if src is None:
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         host.fill_(7)
     else:
-        host = src[:nbytes]
+        host = src.reshape(-1).view(torch.uint8)[:nbytes]
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
     ts = time_gpu(lambda _: dev.copy_(host, non_blocking=True), reps, 3, spin=0)
     return nbytes / (statistics.median(ts) * 1e-6) / 1e9

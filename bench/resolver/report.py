@@ -73,8 +73,10 @@ def print_md(text: str) -> None:
 def print_table(rec: dict) -> None:
     print_md(rec["table_md"])
     print(json.dumps({k: rec.get(k) for k in ("ceiling", "fit", "peer_ceiling")}, default=str))
-    if "k8_identical" in rec:
-        k8 = rec["k8_identical"]
+    k8 = rec.get("k8_identical")
+    if k8 and "skipped" in k8:
+        print(f"K = 8 identical: skipped ({k8['skipped']})")
+    elif k8:
         print(
             f"K8/K1 = {k8['ratio_K8_over_K1']:.2f}; "
             f"copies K1={k8['K1']['copies']} K8={k8['K8']['copies']}"

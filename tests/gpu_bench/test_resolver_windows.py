@@ -99,3 +99,39 @@ def test_the_ceiling_is_the_faster_memcpy_and_the_fractions_follow_it() -> None:
     assert "frac_of_h2d_memcpy" not in rec["cases"][1]
     settle_ceiling(rec, 40.0)  # a slower second measurement keeps the faster one
     assert rec["ceiling"]["h2d_pinned_1GiB_GBps"] == 55.0
+
+
+def test_the_memcpy_ceiling_of_a_pool_below_its_size_copies_the_whole_pool(monkeypatch) -> None:
+    """A pool of fewer bytes than the memcpy's 1 GiB (a short ``--seq-len``) is measured
+    whole, not refused by a size mismatch (run 159 at 10K-row requests)."""
+    import bench.common as common
+
+    timed = []
+
+    def one_call(fn, reps, warmup, spin=0):
+        fn(0)
+        timed.append(reps)
+        return [2.0]
+
+    monkeypatch.setattr(common, "time_gpu", one_call)
+    src = torch.arange(1000, dtype=torch.int32)  # 4000 bytes
+    assert common.h2d_memcpy_gbps(torch.device("cpu"), src=src) == 4000 / 2e-6 / 1e9
+    assert common.h2d_memcpy_gbps(torch.device("cpu"), nbytes=100, src=src) == 100 / 2e-6 / 1e9
+    with pytest.raises(ValueError, match="nbytes=0"):
+        common.h2d_memcpy_gbps(torch.device("cpu"), src=src[:0])
+    assert timed == [20, 20]
+
+
+def test_k8_is_skipped_with_its_reason_where_requests_hold_too_few_cold_windows(capsys) -> None:
+    """Too few never-read rows for every K = 8 call: recorded as skipped (the cases skip
+    alike), nothing timed, and the table says so."""
+    from bench.resolver.report import print_table
+    from bench.resolver.runs import run_k8
+
+    st = State(2, 10 * PAGE_ROWS + 1, 8, torch.device("cpu"))  # 640 // 64 = 10 cold windows
+    rec = {"table_md": "| a |\n|---|\n| 1 |"}
+    run_k8({"warmup": 3, "reps": 7}, rec, st, None, None, 656, 64, None)  # 11 calls
+    assert rec["k8_identical"] == {
+        "skipped": f"seq_len={st.S}: 10 cold windows of 64 rows, 11 calls need one each"}
+    print_table(rec)
+    assert "K = 8 identical: skipped (seq_len=641" in capsys.readouterr().out
