@@ -1,0 +1,134 @@
+"""20%-miss copies against how far apart the missed rows lie in host memory: the plain
+address-sorted gather (``bench.bench_host_gather``) and the resolver (``bench.bench_resolver``,
+profile miss20) on the same kvstore segment, at several request lengths with the same 410
+missed rows a request (bench/README.md "Row spacing"). ``bench/run_h200_spacing.sh`` writes
+``gather_<S>.json`` and ``res_<S>.json`` per request length S; this merges them into one JSON,
+a table and a picture:
+
+    python3 -m bench.resolver.spacing DIR bench/results/row_spacing_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from bench.resolver.plot import FRAC_TARGET
+
+
+def spacing_kib(seq_len: int, rows: int, row_bytes: int) -> float:
+    """Mean host bytes (KiB) from one missed row to the next in a request's region."""
+    return seq_len * row_bytes / rows / 1024
+
+
+def gather_points(rec: dict) -> list[dict]:
+    """The gather's regions x rows patterns at their best grid (copy.cu's kernel, address
+    order region after region), % of the same pool's memcpy."""
+    best: dict[tuple[int, int], dict] = {}
+    for r in rec["rows"]:
+        plain = r.get("variant") in (None, "", "copy.cu")
+        if "error" in r or not plain or r.get("order") or r.get("whole_pool"):
+            continue
+        key = (r["regions"], r["rows"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    return [dict(batch=reg, rows=rows, us=r["us"], gbps=r["gbps"], grid=r["grid"],
+                 pct=100.0 * r["of_memcpy"]) for (reg, rows), r in sorted(best.items())]
+
+
+def resolver_points(rec: dict) -> list[dict]:
+    """The resolver's miss20 cases: median µs, GB/s of unique missed bytes, % of memcpy."""
+    return [dict(batch=c["batch"], rows=c["unique_miss_rows"] // c["batch"],
+                 us=c["us"]["median"], p10=c["us"]["p10"], p90=c["us"]["p90"],
+                 gbps=c["GBps"], pct=100.0 * c["frac_of_h2d_memcpy"])
+            for c in rec["cases"] if c["profile"] == "miss20" and "GBps" in c]
+
+
+def merge(folder: Path) -> dict:
+    """Every request length's gather and resolver files in ``folder`` as one record."""
+    lengths = sorted({int(m.group(1)) for p in folder.glob("*.json")
+                      if (m := re.fullmatch(r"(?:gather|res)_(\d+)\.json", p.name))},
+                     reverse=True)
+    if not lengths:
+        raise FileNotFoundError(f"folder={folder}: no gather_<S>.json or res_<S>.json in it")
+    out: dict = {"what": __doc__.split("\n\n")[0], "lengths": []}
+    for s in lengths:
+        entry: dict = {"seq_len": s}
+        for kind, fn in (("gather", gather_points), ("resolver", resolver_points)):
+            path = folder / f"{'gather' if kind == 'gather' else 'res'}_{s}.json"
+            if not path.exists():
+                continue
+            rec = json.loads(path.read_text())
+            entry["row_bytes"] = rec["setup"].get("row_bytes") or int(rec["setup"]["items"])
+            entry[kind] = fn(rec)
+            entry.setdefault("env", rec.get("env"))
+            if kind == "resolver":
+                entry["memcpy_gbps"] = rec["ceiling"]["h2d_pinned_1GiB_GBps"]
+        for p in entry.get("gather", []) + entry.get("resolver", []):
+            p["spacing_kib"] = round(spacing_kib(s, p["rows"], entry["row_bytes"]), 1)
+        out["lengths"].append(entry)
+    out["table_md"] = table(out)
+    return out
+
+
+def table(rec: dict) -> str:
+    """One line per (request length, batch): gather and resolver side by side."""
+    lines = ["| rows a request | spacing (KiB) | batch | gather GB/s (% memcpy) | "
+             "resolver µs (GB/s, % memcpy) | resolver / gather |", "|---|---|---|---|---|---|"]
+    for e in rec["lengths"]:
+        gat = {(p["batch"], p["rows"]): p for p in e.get("gather", [])}
+        for r in e.get("resolver", []):
+            g = gat.get((r["batch"], r["rows"]))
+            gtxt = f"{g['gbps']:.1f} ({g['pct']:.0f}%)" if g else "-"
+            ratio = f"{r['gbps'] / g['gbps']:.2f}" if g else "-"
+            lines.append(f"| {e['seq_len']} | {r['spacing_kib']:.0f} | {r['batch']} | {gtxt} | "
+                         f"{r['us']:.1f} ({r['gbps']:.1f}, {r['pct']:.0f}%) | {ratio} |")
+    return "\n".join(lines)
+
+
+def plot(rec: dict, png: Path) -> None:
+    """% of memcpy against row spacing, the gather and the resolver per batch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ours = {(p["batch"], p["rows"]) for e in rec["lengths"] for p in e.get("resolver", [])}
+    for b in sorted({b for b, _ in ours}):
+        for kind, fmt in (("gather", "s--"), ("resolver", "o-")):
+            pts = sorted((p["spacing_kib"], p["pct"]) for e in rec["lengths"]
+                         for p in e.get(kind, []) if (p["batch"], p["rows"]) in ours
+                         and p["batch"] == b)
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], fmt, label=f"{kind}, batch {b}")
+    sizes = {e.get("row_bytes") for e in rec["lengths"]}
+    for size in sizes & set(FRAC_TARGET):
+        ax.axhline(FRAC_TARGET[size], color="grey", ls=":", label=f"target, {size} B rows")
+    ax.set_xscale("log")
+    ax.set_xlabel("mean distance between a request's missed rows (KiB, log)")
+    ax.set_ylabel("% of the pinned memcpy")
+    ax.set_title(f"20% misses, {'/'.join(str(s) for s in sorted(sizes))} B rows, 410 a request")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("out", type=Path)
+    a = ap.parse_args()
+    rec = merge(a.folder)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(rec, indent=1, default=str))
+    plot(rec, a.out.with_suffix(".png"))
+    print(rec["table_md"])
+
+
+if __name__ == "__main__":
+    main()
