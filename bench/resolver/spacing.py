@@ -1,7 +1,7 @@
 """20%-miss copies against how far apart the missed rows lie in host memory: the plain
 address-sorted gather (``bench.bench_host_gather``) and the resolver (``bench.bench_resolver``,
 profile miss20) on the same kvstore segment, at several request lengths with the same 410
-missed rows a request (bench/README.md "Row spacing"). ``bench/run_h200_spacing.sh`` writes
+missed rows a request (bench/README.md "Runs 158-160"). ``bench/run_h200_spacing.sh`` writes
 ``gather_<S>.json`` and ``res_<S>.json`` per request length S; this merges them into one JSON,
 a table and a picture:
 
@@ -108,6 +108,9 @@ def plot(rec: dict, png: Path) -> None:
     for size in sizes & set(FRAC_TARGET):
         ax.axhline(FRAC_TARGET[size], color="grey", ls=":", label=f"target, {size} B rows")
     ax.set_xscale("log")
+    ticks = sorted({p["spacing_kib"] for e in rec["lengths"] for p in e.get("resolver", [])})
+    ax.set_xticks(ticks, [f"{t:.0f}" for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("mean distance between a request's missed rows (KiB, log)")
     ax.set_ylabel("% of the pinned memcpy")
     ax.set_title(f"20% misses, {'/'.join(str(s) for s in sorted(sizes))} B rows, 410 a request")
