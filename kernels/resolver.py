@@ -52,7 +52,7 @@ TABLE_COLUMNS = ("hot_rows", "hot_stamp", "hot_locs", "tail_locs", "page_map", "
                  "hot_index", "hot_rank", "rank_cap", "tail_lo", "tail_hi", "map_hi")
 T_COLS, S_COLS, TOT_COLS = len(TABLE_COLUMNS), 11, 14  # table / summary / totals columns
 # totals' words past the stage offsets: room for the copy blocks' SM claims of the diagnostic
-# build RESOLVER_SM_ROLES (resolver_commit.cu sm_share: 2 counts, a word per SM id)
+# build RESOLVER_SM_ROLES (resolver_commit.cu sm_share: 2 counts, one word per SM id < 256)
 SM_CLAIM_WORDS = 2 + 256
 S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)

@@ -28,6 +28,7 @@ __device__ __forceinline__ int block_role(int n_commit) {
 #endif
 }
 
+#define SM_CLAIM_SLOTS 256  // SM ids the claims below hold a word for (kernels.resolver.SM_CLAIM_WORDS)
 #ifdef RESOLVER_SM_ROLES
 // Diagnostic build: a copy block's share by the SM it runs on, not by its index. With PDL
 // the copy blocks start beside the running lookup two to an SM, and the sparse rule's
@@ -36,24 +37,26 @@ __device__ __forceinline__ int block_role(int n_commit) {
 // run 162). Here the first copy block to start on an SM takes the lowest share not yet
 // taken by such a block (0, 1, ...), every other copy block the highest not yet taken
 // (ncb - 1, ncb - 2, ...): every share is taken once, and the working ones go one to an SM
-// while there are SMs enough. The claim words lie past the totals' stage offsets
-// (SM_CLAIM_WORDS; Workspace.new leaves them room): [0], [1] the two counts, [2 + smid] the
-// last call to start a copy block on the SM. The counts carry their call's tag in the high
-// half, set by the call's own lookup (its block 0, before it lets the commit start:
-// resolver_lookup.cu); where the tag is not this call's every block keeps its share by
-// index. One atomic each, no retries: a compare-and-swap loop over one count cost calls
-// without misses 11 us at batch 160 (104 copy blocks; H200, 2e4ce9a, run 163).
-__device__ __forceinline__ int sm_share(i64* __restrict__ totals, int batch, int call, int ncb, int by_index) {
+// while there are SMs enough. The claims live past the totals' stage offsets (SM_CLAIM
+// words; Workspace.new leaves them room), tagged with the call (no reset between calls):
+// [0] the first blocks' count, [1] the others', [2 + smid] the SM's last call.
+__device__ __forceinline__ int sm_share(i64* __restrict__ totals, int batch, int call, int ncb) {
     __shared__ int s_share;
     if (threadIdx.x == 0) {
         unsigned smid;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        unsigned long long* claim = sm_claims(totals, batch);
+        unsigned long long* claim =
+            reinterpret_cast<unsigned long long*>(totals + TOT_COLS + 2 * (batch + 1));
         const unsigned long long tag = (unsigned long long)(unsigned)call << 32;
         const bool first = atomicExch(claim + 2 + smid % SM_CLAIM_SLOTS, tag) != tag;
-        const unsigned long long got = atomicAdd(claim + (first ? 0 : 1), 1ull);
-        const int n = (int)(got & 0xFFFFFFFFull);
-        s_share = (got & ~0xFFFFFFFFull) != tag ? by_index : first ? n : ncb - 1 - n;
+        unsigned long long* c = claim + (first ? 0 : 1);
+        unsigned long long old = atomicAdd(c, 0ull), seen;
+        do {  // this call's count + 1, or 1 where the word holds an earlier call's
+            seen = old;
+            old = atomicCAS(c, seen, (seen & ~0xFFFFFFFFull) == tag ? seen + 1 : tag + 1);
+        } while (old != seen);
+        const int n = (seen & ~0xFFFFFFFFull) == tag ? (int)(seen & 0xFFFFFFFFull) : 0;
+        s_share = first ? n : ncb - 1 - n;
     }
     __syncthreads();
     return s_share;
@@ -152,9 +155,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     typename Vec<W>::T pre[U];
     bool have_pre = false;
 #ifdef RESOLVER_SM_ROLES
-    const int cb = call && bi >= n_commit
-                       ? sm_share(totals, batch, call, (int)gridDim.x - n_commit, bi - n_commit)
-                       : bi - n_commit;
+    const int cb = call && bi >= n_commit ? sm_share(totals, batch, call, (int)gridDim.x - n_commit) : bi - n_commit;
 #endif
     if (call && sums_here && n_layers > 0 && bi >= n_commit)
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,

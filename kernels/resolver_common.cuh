@@ -48,7 +48,6 @@ typedef unsigned short u16;
 #define NT 1024  // lookup of two 512-thread blocks per SM (kernels/resolver_settings.py lookup_shape)
 #endif
 #define MAXB 1024  // batch limit (shared offsets of the copy blocks)
-#define SM_CLAIM_SLOTS 256  // SM ids the copy blocks' claims hold a word for (kernels.resolver.SM_CLAIM_WORDS)
 static_assert(NT % 32 == 0 && NT >= MAXB / 2, "sum_batch takes 2 requests per thread, whole warps");
 
 template <int W> struct Vec;
@@ -88,14 +87,6 @@ enum { S_STATUS, S_U, S_M, S_NV, S_NHIT, S_TAIL, S_OPT, S_HOT, S_HOST, S_DIRECT,
 // workspace (the tests read it; never reset)
 enum { R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT, R_TICKET, R_PEND,
        R_PRELOADS = R_PEND + 4, TOT_COLS };
-
-#ifdef RESOLVER_SM_ROLES
-// The copy blocks' SM claims of the diagnostic build RESOLVER_SM_ROLES (resolver_commit.cu
-// sm_share), past the totals' stage offsets: [0], [1] the counts, [2 + smid] the SMs.
-__device__ __forceinline__ unsigned long long* sm_claims(i64* totals, int batch) {
-    return reinterpret_cast<unsigned long long*>(totals + TOT_COLS + 2 * (batch + 1));
-}
-#endif
 enum { P_COPIES, P_STATUS };
 // status bits
 enum { ST_SEL_LT_M1 = 1, ST_VISIBLE = 2, ST_SEL_GE_VISIBLE = 4, ST_NOT_RESIDENT = 8, ST_ROW_RANGE = 16,

@@ -91,13 +91,6 @@ __device__ __forceinline__ void lookup_body(
     unsigned* held_bm = reinterpret_cast<unsigned*>(smem + held_at);  // 16-byte groups
     u16* held_pre = reinterpret_cast<u16*>(held_bm + Wp);
     TRACE(0);
-#ifdef RESOLVER_SM_ROLES  // diagnostic build: this call's claim counts, before the commit may start
-    if (call && b == 0 && threadIdx.x == 0) {
-        unsigned long long* c = sm_claims(totals, batch);
-        c[0] = c[1] = (unsigned long long)(unsigned)call << 32;
-        __threadfence();
-    }
-#endif
 #if __CUDA_ARCH__ >= 900
     // a commit launched behind this grid with PDL may be scheduled now (it waits for this
     // grid's completion before reading anything): its launch overlaps the lookup
