@@ -51,9 +51,6 @@ from .resolver_settings import (  # re-exported: the wrappers' settings live the
 TABLE_COLUMNS = ("hot_rows", "hot_stamp", "hot_locs", "tail_locs", "page_map", "page_ready",
                  "hot_index", "hot_rank", "rank_cap", "tail_lo", "tail_hi", "map_hi")
 T_COLS, S_COLS, TOT_COLS = len(TABLE_COLUMNS), 11, 14  # table / summary / totals columns
-# totals' words past the stage offsets: room for the copy blocks' SM claims of the diagnostic
-# build RESOLVER_SM_ROLES (resolver_commit.cu sm_share: 2 counts, one word per SM id < 256)
-SM_CLAIM_WORDS = 2 + 256
 S_U, S_M, S_NV = 1, 2, 3
 R_STATUS, R_COPIES, R_STAGED, R_TAIL, R_OPT, R_HOT, R_HOST, R_DIRECT = range(8)
 R_PEND = 9  # 2 x (copies, status) pending on the sync-free path, by parity
@@ -93,7 +90,7 @@ class Workspace:
     victims: torch.Tensor  # int32 [batch, B]
     hit_mask: torch.Tensor  # int32 [batch, B]: hot-scan hits, bit s % 32 of word s // 32
     summary: torch.Tensor  # int64 [batch, S_COLS]
-    totals: torch.Tensor  # int64 [TOT_COLS + 2 * (batch + 1) + SM_CLAIM_WORDS]
+    totals: torch.Tensor  # int64 [TOT_COLS + 2 * (batch + 1)]
     # set by lookup: the commit sums the summaries into totals (lookup(host_totals=False))
     commit_sums: bool = False
     # set by lookup(host_totals=False), flipped call by call: the R_PEND slots of this call
@@ -112,7 +109,7 @@ class Workspace:
             torch.empty(batch, max(slots, 1), **i32),
             torch.empty(batch, max(slots, 1), **i32),
             torch.zeros(batch, S_COLS, **i64),  # S_EARLY: no call's tag
-            torch.zeros(TOT_COLS + 2 * (batch + 1) + SM_CLAIM_WORDS, **i64),
+            torch.zeros(TOT_COLS + 2 * (batch + 1), **i64),
         )
 
     def pointers(self) -> tuple[np.uint64, ...]:
@@ -123,15 +120,14 @@ class Workspace:
     def check(self, batch: int, entries: int, slots: int) -> None:
         """Refuse (InvalidArgument) a workspace the kernels would index past: they address
         miss_dst / misses as [batch, entries], victims / hit_mask as [batch, slots],
-        summary as [batch, S_COLS] and totals up to TOT_COLS + 2 * (batch + 1) +
-        SM_CLAIM_WORDS."""
+        summary as [batch, S_COLS] and totals up to TOT_COLS + 2 * (batch + 1)."""
         need = {
             "ws.miss_dst": (self.miss_dst, batch * entries),
             "ws.misses": (self.misses, batch * entries),
             "ws.victims": (self.victims, batch * max(slots, 1)),
             "ws.hit_mask": (self.hit_mask, batch * max(slots, 1)),
             "ws.summary": (self.summary, batch * S_COLS),
-            "ws.totals": (self.totals, TOT_COLS + 2 * (batch + 1) + SM_CLAIM_WORDS),
+            "ws.totals": (self.totals, TOT_COLS + 2 * (batch + 1)),
         }
         for name, (t, n) in need.items():
             if t.numel() < n or not t.is_contiguous():
@@ -144,7 +140,7 @@ class Workspace:
             self.miss_dst.shape[0] >= batch
             and self.miss_dst.shape[1] == entries
             and self.victims.shape[1] >= max(slots, 1)
-            and self.totals.numel() == TOT_COLS + 2 * (batch + 1) + SM_CLAIM_WORDS
+            and self.totals.numel() == TOT_COLS + 2 * (batch + 1)
         )
 
 

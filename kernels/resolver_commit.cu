@@ -28,48 +28,6 @@ __device__ __forceinline__ int block_role(int n_commit) {
 #endif
 }
 
-#define SM_CLAIM_SLOTS 256  // SM ids the claims below hold a word for (kernels.resolver.SM_CLAIM_WORDS)
-#ifdef RESOLVER_SM_ROLES
-// Diagnostic build: a copy block's share by the SM it runs on, not by its index. With PDL
-// the copy blocks start beside the running lookup two to an SM, and the sparse rule's
-// working ones (the first shares) then run on half as many SMs: 1152 B rows, 20% misses,
-// batch 160 on a slow machine 1631-1786 us against 1560-1593 on 16 SMs without PDL (H200,
-// run 162). Here the first copy block to start on an SM takes the lowest share not yet
-// taken by such a block (0, 1, ...), every other copy block the highest not yet taken
-// (ncb - 1, ncb - 2, ...): every share is taken once, and the working ones go one to an SM
-// while there are SMs enough. The claims live past the totals' stage offsets (SM_CLAIM
-// words; Workspace.new leaves them room), tagged with the call (no reset between calls):
-// [0] the first blocks' count, [1] the others', [2 + smid] the SM's last call.
-__device__ __forceinline__ int sm_share(i64* __restrict__ totals, int batch, int call, int ncb) {
-    __shared__ int s_share;
-    if (threadIdx.x == 0) {
-        unsigned smid;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        unsigned long long* claim =
-            reinterpret_cast<unsigned long long*>(totals + TOT_COLS + 2 * (batch + 1));
-        const unsigned long long tag = (unsigned long long)(unsigned)call << 32;
-        const bool first = atomicExch(claim + 2 + smid % SM_CLAIM_SLOTS, tag) != tag;
-        unsigned long long* c = claim + (first ? 0 : 1);
-        unsigned long long old = atomicAdd(c, 0ull), seen;
-        do {  // this call's count + 1, or 1 where the word holds an earlier call's
-            seen = old;
-            old = atomicCAS(c, seen, (seen & ~0xFFFFFFFFull) == tag ? seen + 1 : tag + 1);
-        } while (old != seen);
-        const int n = (seen & ~0xFFFFFFFFull) == tag ? (int)(seen & 0xFFFFFFFFull) : 0;
-        s_share = first ? n : ncb - 1 - n;
-    }
-    __syncthreads();
-    return s_share;
-}
-#define SM_SHARE_PARAM , int cb  // copy_block takes the share claimed
-#define SM_SHARE_ARG , cb
-#define SM_SHARE cb
-#else
-#define SM_SHARE_PARAM  // copy_block works out its share by index
-#define SM_SHARE_ARG
-#define SM_SHARE (bi - n_commit)
-#endif
-
 // A copy block of the commit launch once the lookup grid ended, in a call with copies: its
 // share of the miss copies (copy_share), by loads or, in the TMA kernel from tma_min_rows
 // rows on, by the tensor memory accelerator. Out of line it made 20%-miss calls slower
@@ -82,7 +40,7 @@ __device__ __forceinline__ void copy_block(const i64* __restrict__ table, const 
                                           int n_layers, int batch, int Kk, int B, unsigned row_bytes,
                                           int copy_blocks, int sums_here, int n_commit, i64 n_copies,
                                           int tma_min_rows, const typename Vec<W>::T (&pre)[U], bool have_pre,
-                                          unsigned char* s_rows, unsigned long long* s_bar SM_SHARE_PARAM) {
+                                          unsigned char* s_rows, unsigned long long* s_bar) {
     constexpr bool tma = W == 16 && TMA;
     const i64* copy_off = totals + TOT_COLS;
     const i64* stage_off = copy_off + batch + 1;
@@ -90,9 +48,7 @@ __device__ __forceinline__ void copy_block(const i64* __restrict__ table, const 
     int active, step;
     const bool few = copy_few(n_copies, batch, copy_blocks, tma && tma_min_rows == 0);
     copy_share(n_copies, batch, copy_blocks, few, ncb, row_bytes / W, &active, &step);
-#ifndef RESOLVER_SM_ROLES
     const int cb = block_role(n_commit) - n_commit;
-#endif
     if (cb % step != 0 || cb / step >= active) return;
 #ifdef RESOLVER_DIAG_SMID  // diagnostic build: the SM of each copy block at work, by its share
     if (threadIdx.x == 0 && cb / step < DIAG_SMID_MAX) {
@@ -154,12 +110,9 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
     // before the lookup grid ends (preload)
     typename Vec<W>::T pre[U];
     bool have_pre = false;
-#ifdef RESOLVER_SM_ROLES
-    const int cb = call && bi >= n_commit ? sm_share(totals, batch, call, (int)gridDim.x - n_commit) : bi - n_commit;
-#endif
     if (call && sums_here && n_layers > 0 && bi >= n_commit)
         have_pre = preload<W>(pre, summary, misses, host_ptrs, n_layers, batch, Kk, row_bytes, copy_blocks,
-                              (int)gridDim.x - n_commit, SM_SHARE, call, totals + R_PRELOADS,
+                              (int)gridDim.x - n_commit, bi - n_commit, call, totals + R_PRELOADS,
                               c_off, s_tmp, &s_pre, tma, tma_min_rows, s_rows, s_bar, &tma_issued);
     // launched right behind the lookup with programmatic stream serialization (PDL): wait
     // here until the lookup grid finished and its writes are visible (a no-op otherwise)
@@ -241,7 +194,7 @@ __device__ void commit_body(const i64* __restrict__ table, const i64* __restrict
         if (n_copies > 0 && n_layers > 0)
             copy_block<W, TMA>(table, misses, victims, summary, totals, stage_locs, host_ptrs, payload_ptrs,
                                n_layers, batch, Kk, B, row_bytes, copy_blocks, sums_here, n_commit, n_copies,
-                               tma_min_rows, pre, have_pre, s_rows, s_bar SM_SHARE_ARG);
+                               tma_min_rows, pre, have_pre, s_rows, s_bar);
         return;
     }
     const int b = rb;

@@ -62,9 +62,7 @@ it) were removed after it, as b0cca14 has them. Where the copy blocks at work ru
 PDL the batch-160 sparse rule's 16 share 8-9 SMs); ``auto_nopdl*`` launch the commit without
 programmatic dependent launch (``Variant.pdl``); ``auto_step2*`` put the sparse rule's blocks
 every other one (RESOLVER_SPARSE_STEP=2: with PDL one working block to an SM; no better on
-run 154's machine, kept for an A/B on a machine where that case is slow; run 162's slow
-machine: no better either); ``auto_smroles*`` give the copy blocks their shares by SM, the
-first block on an SM the lowest share left (RESOLVER_SM_ROLES). ``auto_k8_unroll4``: the
+run 154's machine, kept for an A/B on a machine where that case is slow). ``auto_k8_unroll4``: the
 identical-queries check issuing 4 queries' loads at a time (RESOLVER_SAME_UNROLL4, the check
 before run 156; 7 at a time since). Run 156's other K = 8 build, pass 2 writing the identical
 queries' locations where it writes the first's (RESOLVER_LOC_IN_PASS2), measured nothing
@@ -171,8 +169,6 @@ VARIANTS = {
     "auto_nopdl_smid": Variant(None, flags=(SMID,), pdl=False),
     "auto_step2": Variant(None, flags=("-DRESOLVER_SPARSE_STEP=2",)),
     "auto_step2_smid": Variant(None, flags=("-DRESOLVER_SPARSE_STEP=2", SMID)),
-    "auto_smroles": Variant(None, flags=("-DRESOLVER_SM_ROLES",)),
-    "auto_smroles_smid": Variant(None, flags=("-DRESOLVER_SM_ROLES", SMID)),
     "auto_commitfirst_smid": Variant(None, flags=("-DRESOLVER_COMMIT_FIRST", SMID)),
     "auto_k8_unroll4": Variant(None, flags=("-DRESOLVER_SAME_UNROLL4",), queries=8),
 }

@@ -136,8 +136,6 @@ def test_the_wrappers_constants_are_the_headers() -> None:
     for name in ("R_STATUS", "R_COPIES", "R_STAGED", "R_TAIL", "R_OPT", "R_HOT", "R_HOST",
                  "R_DIRECT", "R_PEND", "R_PRELOADS"):
         assert getattr(kres, name) == totals[name], name
-    claim = re.search(r"#define SM_CLAIM_SLOTS (\d+)", (HERE / "resolver_commit.cu").read_text())
-    assert kres.SM_CLAIM_WORDS == 2 + int(claim.group(1))
     st = _enum_values(text, "ST_SEL_LT_M1")
     assert kres.ST_SELECTION == (st["ST_SEL_LT_M1"] | st["ST_VISIBLE"]
                                  | st["ST_SEL_GE_VISIBLE"] | st["ST_ROW_RANGE"])
