@@ -331,11 +331,7 @@ __device__ __forceinline__ void copy_share(i64 n_copies, int batch, int copy_blo
                                                              COPY_ITEMS_PER_BLOCK));
     }
     *active = min(a, ncb);
-#ifdef RESOLVER_SPARSE_STEP  // diagnostic build: the sparse rule's blocks every N-th where they fit
-    *step = sparse ? (*active * RESOLVER_SPARSE_STEP <= ncb ? RESOLVER_SPARSE_STEP : 1) : ncb / *active;
-#else
     *step = sparse ? 1 : ncb / *active;
-#endif
 }
 
 // The preload by TMA: each TMA warp's first rows (lane 0 issues them; *issued: how many).

@@ -60,9 +60,11 @@ RESOLVER_DIAG_NO_LOC_COPY: the other queries' locations not written; the check i
 it) were removed after it, as b0cca14 has them. Where the copy blocks at work run: the
 ``*_smid`` builds (RESOLVER_DIAG_SMID) record each one's SM (``smid_stats``, run 155: with
 PDL the batch-160 sparse rule's 16 share 8-9 SMs); ``auto_nopdl*`` launch the commit without
-programmatic dependent launch (``Variant.pdl``); ``auto_step2*`` put the sparse rule's blocks
-every other one (RESOLVER_SPARSE_STEP=2: with PDL one working block to an SM; no better on
-run 154's machine, kept for an A/B on a machine where that case is slow). ``auto_k8_unroll4``: the
+programmatic dependent launch (``Variant.pdl``; on run 162's slow machine -153 us at 1152 B,
+batch 160, 20% misses). Two builds that spread the working blocks measured no better and
+were removed: every other block at work (RESOLVER_SPARSE_STEP=2, ``auto_step2*``; runs 154,
+158 and 162; b3707f6 and 20ebc32 have it) and shares claimed by SM, one working block to an
+SM (RESOLVER_SM_ROLES, ``auto_smroles*``; runs 163-164, c08d2bf has it). ``auto_k8_unroll4``: the
 identical-queries check issuing 4 queries' loads at a time (RESOLVER_SAME_UNROLL4, the check
 before run 156; 7 at a time since). Run 156's other K = 8 build, pass 2 writing the identical
 queries' locations where it writes the first's (RESOLVER_LOC_IN_PASS2), measured nothing
@@ -167,8 +169,6 @@ VARIANTS = {
     "auto_nopdl": Variant(None, pdl=False),
     "auto_smid": Variant(None, flags=(SMID,)),
     "auto_nopdl_smid": Variant(None, flags=(SMID,), pdl=False),
-    "auto_step2": Variant(None, flags=("-DRESOLVER_SPARSE_STEP=2",)),
-    "auto_step2_smid": Variant(None, flags=("-DRESOLVER_SPARSE_STEP=2", SMID)),
     "auto_commitfirst_smid": Variant(None, flags=("-DRESOLVER_COMMIT_FIRST", SMID)),
     "auto_k8_unroll4": Variant(None, flags=("-DRESOLVER_SAME_UNROLL4",), queries=8),
 }
