@@ -127,6 +127,8 @@ def h2d_memcpy_gbps(device: torch.device, nbytes: int = 1 << 30, reps: int = 20,
     (of the first ``nbytes`` of ``src`` when given: that allocation's ceiling; all of it
     where it holds fewer bytes)."""
     if src is not None:
+        if not src.is_contiguous():  # a reshape would copy it into unpinned memory
+            raise ValueError(f"src of shape {tuple(src.shape)} is not contiguous")
         nbytes = min(nbytes, src.numel() * src.element_size())
     if nbytes <= 0:
         raise ValueError(f"nbytes={nbytes}: the memcpy needs at least 1 byte")

@@ -135,3 +135,11 @@ def test_k8_is_skipped_with_its_reason_where_requests_hold_too_few_cold_windows(
         "skipped": f"seq_len={st.S}: 10 cold windows of 64 rows, 11 calls need one each"}
     print_table(rec)
     assert "K = 8 identical: skipped (seq_len=641" in capsys.readouterr().out
+
+
+def test_the_memcpy_ceiling_refuses_a_pool_that_is_not_contiguous() -> None:
+    """A strided pool would be copied into unpinned memory first: refused, naming it."""
+    from bench.common import h2d_memcpy_gbps
+
+    with pytest.raises(ValueError, match=r"src of shape \(4, 2\) is not contiguous"):
+        h2d_memcpy_gbps(torch.device("cpu"), src=torch.zeros(4, 4, dtype=torch.uint8)[:, :2])
