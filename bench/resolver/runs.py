@@ -124,10 +124,10 @@ def settle_ceiling(rec: dict, again: float) -> None:
 def run_k8(args: dict, rec: dict, st: State, host, pool, item: int, k: int, flush) -> None:
     """K = 8 identical selections vs K = 1 (cold, batch 32): one copy per distinct row."""
     bs = min(32, st.P)
-    calls = 1 + args["warmup"] + args["reps"]
-    if calls > st.windows(k, k, True):  # as the cases: only never-read rows
+    calls, windows = 1 + args["warmup"] + args["reps"], st.windows(k, k, True)
+    if calls > windows:  # as the cases: only never-read rows
         rec["k8_identical"] = {
-            "skipped": f"seq_len={st.S}: {st.windows(k, k, True)} cold windows of {k} rows, "
+            "skipped": f"seq_len={st.S}: {windows} cold windows of {k} rows, "
             f"{calls} calls need one each"
         }
         print(f"K=8 identical: skipped ({rec['k8_identical']['skipped']})", flush=True)

@@ -121,7 +121,8 @@ def plot(rec: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ours = {(p["batch"], p["rows"]) for e in rec["lengths"] for p in e.get("resolver", [])}
+    res_pts = [p for e in rec["lengths"] for p in e.get("resolver", [])]
+    ours = {(p["batch"], p["rows"]) for p in res_pts}
     for b in sorted({b for b, _ in ours}):
         for kind, fmt in (("gather", "s--"), ("resolver", "o-")):
             pts = sorted((p["spacing_kib"], p["pct"]) for e in rec["lengths"]
@@ -133,12 +134,12 @@ def plot(rec: dict, png: Path) -> None:
     for size in sizes & set(FRAC_TARGET):
         ax.axhline(FRAC_TARGET[size], color="grey", ls=":", label=f"target, {size} B rows")
     ax.set_xscale("log")
-    ticks = sorted({p["spacing_kib"] for e in rec["lengths"] for p in e.get("resolver", [])})
+    ticks = sorted({p["spacing_kib"] for p in res_pts})
     ax.set_xticks(ticks, [f"{t:.0f}" for t in ticks])
     ax.minorticks_off()
     ax.set_xlabel("mean distance between a request's missed rows (KiB, log)")
     ax.set_ylabel("% of the pinned memcpy (each side's own)")
-    per_request = sorted({p["rows"] for e in rec["lengths"] for p in e.get("resolver", [])})
+    per_request = sorted({n for _, n in ours})
     ax.set_title(f"20% misses, {'/'.join(str(s) for s in sorted(sizes))} B rows, "
                  f"{'/'.join(str(n) for n in per_request)} a request")
     ax.grid(alpha=0.3)

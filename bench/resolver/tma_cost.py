@@ -412,8 +412,9 @@ def main() -> None:
                 for name, r in schedule(run, args.reps, bool(args.interleave)):
                     c = use(name)
                     w = first[name] + UNTIMED + r  # the call's own row window
-                    if name in placed:
-                        smid_table(kres, cur).fill(-1)
+                    table = smid_table(kres, cur) if name in placed else None
+                    if table is not None:
+                        table.fill(-1)
                     fl = flush
                     if VARIANTS[name].warm:
                         def fl(warm=warm, how=VARIANTS[name].warm, reader=reader) -> None:
@@ -424,8 +425,8 @@ def main() -> None:
                                 getattr(warm, how)(0)
                     ts[name] += time_gpu(lambda i, w=w, c=c: c.call(w), 1, 0,
                                          before=lambda i, w=w, c=c: c.before(w), flush=fl)
-                    if name in placed:
-                        placed[name].append(smid_stats(smid_table(kres, cur)))
+                    if table is not None:
+                        placed[name].append(smid_stats(table))
                     wrap.end_variant()
                 for name in run:
                     us = statistics.median(ts[name])
